@@ -1,0 +1,37 @@
+"""nopeinterp: positional encodings, length generalization and attention, on TransformerLens.
+
+The top-level names are imported lazily: importing TransformerLens takes seconds, and
+`nopeinterp.tasks` or `nopeinterp --version` should not pay for it.
+"""
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("nopeinterp")
+except PackageNotFoundError:  # running from a source tree without installing
+    __version__ = "0+unknown"
+
+_EXPORTS = {
+    "PE_TYPES": "nopeinterp.models",
+    "build_model": "nopeinterp.models",
+    "model_config": "nopeinterp.models",
+    "Checkpoint": "nopeinterp.checkpoint",
+    "load_checkpoint": "nopeinterp.checkpoint",
+    "save_checkpoint": "nopeinterp.checkpoint",
+    "CheckpointError": "nopeinterp.errors",
+    "NopeinterpError": "nopeinterp.errors",
+}
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'nopeinterp' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])
+
+
+__all__ = ["__version__", *_EXPORTS]

@@ -1,0 +1,33 @@
+"""The one place nopeinterp touches TransformerLens' HookedTransformer API surface.
+
+TL 3.9 warns on every HookedTransformer construction that the class is deprecated in favour
+of TransformerBridge (TL 4). We pin TL < 4 and silence exactly that warning here, around the
+constructor call (a module-level filter would be undone by pytest's and notebooks' own
+filters), so a later port to TransformerBridge touches this module and nopeinterp/models/.
+"""
+
+import contextlib
+import warnings
+
+from transformer_lens import ActivationCache, HookedTransformer, HookedTransformerConfig
+from transformer_lens.components import Attention
+from transformer_lens.hook_points import HookPoint
+
+
+@contextlib.contextmanager
+def tl_deprecation_silenced():
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"HookedTransformer is deprecated", category=DeprecationWarning
+        )
+        yield
+
+
+__all__ = [
+    "ActivationCache",
+    "Attention",
+    "HookPoint",
+    "HookedTransformer",
+    "HookedTransformerConfig",
+    "tl_deprecation_silenced",
+]

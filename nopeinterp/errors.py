@@ -1,0 +1,9 @@
+"""Exceptions the CLI turns into one clear line and exit status 2."""
+
+
+class NopeinterpError(Exception):
+    """Base class for user-facing errors (bad input, not a bug)."""
+
+
+class CheckpointError(NopeinterpError, ValueError):
+    """A file that is missing, not a nopeinterp checkpoint, damaged or unsafe."""

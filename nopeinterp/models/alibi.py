@@ -1,0 +1,42 @@
+"""ALiBi: a fixed, head-specific linear penalty -slope_h * (query_pos - key_pos) on the logits.
+
+Slopes follow the ALiBi paper (Press et al. 2022): for n heads a power of two, the geometric
+sequence starting at 2^(-8/n); otherwise the slopes of the closest lower power of two p,
+followed by every other slope of 2p, as in the paper's code. The bias is rebuilt for each
+input shape: TL 3.9's own ALiBi caches it at the longest length seen and then offsets the
+scores of shorter inputs per row.
+"""
+
+import math
+
+import torch
+
+from nopeinterp._tl import Attention
+from nopeinterp.models.base import PEAttention, PETransformer, PositionBias, relative_distance
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    power_of_two = 2 ** math.floor(math.log2(n_heads))
+    slopes = Attention.create_alibi_multipliers(power_of_two)  # TL: the power-of-two case
+    if power_of_two < n_heads:
+        extra = Attention.create_alibi_multipliers(2 * power_of_two)[0::2]
+        slopes = torch.cat([slopes, extra[: n_heads - power_of_two]])
+    return slopes
+
+
+class ALiBiBias(PositionBias):
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def forward(self, q_len: int, k_len: int) -> torch.Tensor:
+        distance = relative_distance(q_len, k_len, self.slopes.device).clamp(min=0)
+        return (-self.slopes[:, None, None] * distance).unsqueeze(0)
+
+
+class ALiBiTransformer(PETransformer):
+    pe = "alibi"
+
+    def configure_positional_encoding(self):
+        self.alibi_bias = ALiBiBias(self.cfg.n_heads)
+        self.use_attention(PEAttention, lambda layer: {"position_bias": self.alibi_bias})

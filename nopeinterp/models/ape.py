@@ -1,0 +1,70 @@
+"""Absolute position embeddings added to the residual stream.
+
+`ape`: a learned table W_pos [n_ctx, d_model] (TL's PosEmbed); it has no row past n_ctx, so
+longer inputs raise a ValueError naming the limit.
+`sinusoidal`: the fixed sin/cos embedding of Vaswani et al. (the paper's "APE"); computed for
+any length, no parameters.
+"""
+
+import math
+
+import torch
+from torch import nn
+from transformer_lens.utilities import get_offset_position_ids
+
+from nopeinterp.models.base import PETransformer
+
+
+class LearnedAPETransformer(PETransformer):
+    pe = "ape"
+    absolute_embedding = True
+
+    def get_residual(self, embed, pos_offset, *args, **kwargs):
+        end = pos_offset + embed.shape[1]
+        if end > self.cfg.n_ctx:
+            raise ValueError(
+                f"learned APE has {self.cfg.n_ctx} positions (n_ctx); "
+                f"got a sequence reaching position {end}"
+            )
+        return super().get_residual(embed, pos_offset, *args, **kwargs)
+
+
+def sinusoidal_embedding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """sin/cos embedding [*positions.shape, d_model]: even dims sin, odd dims cos."""
+    inv_freq = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+    )
+    angles = positions.float()[..., None] * inv_freq
+    emb = torch.zeros(*positions.shape, d_model)
+    emb[..., 0::2] = torch.sin(angles)
+    emb[..., 1::2] = torch.cos(angles)[..., : d_model // 2]
+    return emb
+
+
+class SinusoidalPosEmbed(nn.Module):
+    """Drop-in for TL's PosEmbed (same forward signature), with no parameters."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+
+    def forward(self, tokens, past_kv_pos_offset=0, attention_mask=None):
+        batch, length = tokens.shape
+        if attention_mask is None:
+            positions = torch.arange(past_kv_pos_offset, past_kv_pos_offset + length)
+            positions = positions.expand(batch, length)
+        else:
+            positions = get_offset_position_ids(past_kv_pos_offset, attention_mask).cpu()
+        emb = sinusoidal_embedding(positions, self.cfg.d_model).to(tokens.device, self.cfg.dtype)
+        if attention_mask is not None:  # zero on pads, as TL's PosEmbed does
+            pad = ~attention_mask[:, past_kv_pos_offset:].bool()
+            emb = emb.masked_fill(pad[..., None], 0.0)
+        return emb
+
+
+class SinusoidalTransformer(PETransformer):
+    pe = "sinusoidal"
+    absolute_embedding = True
+
+    def configure_positional_encoding(self):
+        self.pos_embed = SinusoidalPosEmbed(self.cfg)

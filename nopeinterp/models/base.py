@@ -1,0 +1,124 @@
+"""Shared base of the model zoo: a HookedTransformer whose positional encoding is pluggable.
+
+Each PE lives in its own small module (nope.py, t5.py, alibi.py, rotary.py, ape.py) as a
+subclass of `PETransformer`. A subclass says three things:
+  - `tl_positional_embedding_type`: what TransformerLens itself should do ("standard" adds
+    `pos_embed` to the residual stream, "rotary" rotates q and k);
+  - `absolute_embedding`: whether the residual stream gets an absolute position embedding;
+  - `make_position_bias()`: an optional module returning an additive attention bias
+    [1, head, query, key], which `PEAttention` adds to the scores before the causal mask, so
+    it shows in `hook_attn_scores` and, on its own, in `attn.hook_position_bias`.
+Everything else (blocks, MLPs, hooks, caching, generation) is stock TransformerLens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nopeinterp._tl import (
+    Attention,
+    HookedTransformer,
+    HookedTransformerConfig,
+    HookPoint,
+    tl_deprecation_silenced,
+)
+
+
+def relative_distance(q_len: int, k_len: int, device=None) -> torch.Tensor:
+    """[q_len, k_len] long tensor of query_pos - key_pos.
+
+    Queries are the last q_len of k_len positions, which is what a KV cache gives.
+    Future keys get negative distances; the causal mask removes them.
+    """
+    q_pos = torch.arange(k_len - q_len, k_len, device=device)
+    k_pos = torch.arange(k_len, device=device)
+    return q_pos[:, None] - k_pos[None, :]
+
+
+class PEAttention(Attention):
+    """TL attention plus an additive position bias computed for the current shape.
+
+    The bias module is owned by the model (so T5's table can be shared by all layers) and is
+    kept here in a list, outside the module tree, so the state dict holds it once.
+    """
+
+    def __init__(self, cfg, attn_type="global", layer_id=None, position_bias=None):
+        super().__init__(cfg, attn_type, layer_id)
+        self._position_bias = [position_bias]
+        self.hook_position_bias = HookPoint()  # [1, head_index, query_pos, key_pos]
+
+    def calculate_attention_scores(self, q, k):
+        scores = super().calculate_attention_scores(q, k)
+        bias_fn = self._position_bias[0]
+        if bias_fn is None:
+            return scores
+        bias = self.hook_position_bias(bias_fn(scores.shape[-2], scores.shape[-1]))
+        return scores + bias.to(scores.dtype)
+
+
+class PETransformer(HookedTransformer):
+    """HookedTransformer with one positional encoding; see the module docstring."""
+
+    pe: str = ""
+    tl_positional_embedding_type = "standard"
+    absolute_embedding = False
+
+    def __init__(self, cfg: HookedTransformerConfig, tokenizer=None, **pe_options):
+        cfg.positional_embedding_type = self.tl_positional_embedding_type
+        with tl_deprecation_silenced():
+            super().__init__(cfg, tokenizer=tokenizer)
+        self.pe_options = self.resolve_pe_options(**pe_options)
+        if not self.absolute_embedding and hasattr(self, "pos_embed"):
+            # No unused W_pos in the state dict, and nothing added to the residual stream.
+            del self.pos_embed, self.hook_pos_embed
+        self.configure_positional_encoding()
+        # TL initialised the stock modules; re-run it (same seed) so replaced ones are set too.
+        self.init_weights()
+        self.setup()  # re-name hook points after the module swaps
+        self.eval()
+
+    # --- for subclasses -------------------------------------------------------------------
+    def resolve_pe_options(self, **options) -> dict:
+        """Validate this PE's options and return them with defaults filled in."""
+        if options:
+            raise TypeError(f"pe={self.pe!r} takes no options, got {sorted(options)}")
+        return {}
+
+    def configure_positional_encoding(self) -> None:
+        """Install the PE after TL built the stock model. Default: nothing."""
+
+    def use_attention(self, attention_cls, layer_kwargs=lambda layer: {}) -> None:
+        """Replace every block's attention by `attention_cls(cfg, "global", layer, **kw)`."""
+        for layer, block in enumerate(self.blocks):
+            block.attn = attention_cls(self.cfg, "global", layer, **layer_kwargs(layer))
+
+    # --- TL overrides ---------------------------------------------------------------------
+    def get_residual(self, embed, pos_offset, *args, return_shortformer_pos_embed=True, **kwargs):
+        if self.absolute_embedding:
+            return super().get_residual(
+                embed,
+                pos_offset,
+                *args,
+                return_shortformer_pos_embed=return_shortformer_pos_embed,
+                **kwargs,
+            )
+        return (embed, None) if return_shortformer_pos_embed else embed
+
+    def move_model_modules_to_device(self):
+        # TL's version assumes pos_embed exists unless the PE is rotary.
+        for name in ("embed", "hook_embed", "pos_embed", "hook_pos_embed", "ln_final", "unembed"):
+            if hasattr(self, name):
+                getattr(self, name).to(self.cfg.device)
+        for block in self.blocks:
+            block.to(self.cfg.device)
+
+    def extra_repr(self) -> str:
+        return f"pe={self.pe!r}, pe_options={self.pe_options}"
+
+
+class PositionBias(nn.Module):
+    """Base for additive attention biases: forward(q_len, k_len) -> [1, head, q_len, k_len]."""
+
+    def forward(self, q_len: int, k_len: int) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError

@@ -1,0 +1,354 @@
+"""How much of each head's attention logit is a function of relative distance (Theorem 2).
+
+Score. For one head, take the pre-softmax logits ``s[n, m]`` (``hook_attn_scores``, PE bias
+included) over the valid causal cells: key m <= query n, both real tokens, finite. Fit, by
+least squares pooled over all query rows of all examples,
+
+    s[n, m] ~ a_r + f(n - m)
+
+with one free offset ``a_r`` per query row r = (example, n) and one function ``f`` of the
+distance shared by everything (a two-way fixed-effects model). The score is
+
+    R^2 = 1 - SS_res / SS_tot,   SS_tot = sum of squares of the row-centred logits.
+
+Row offsets are free because softmax ignores them. Subtracting row means and then averaging
+per distance is *not* the least-squares fit: a row of length n+1 only holds distances 0..n,
+so centring mixes a distance profile with the row's own set of distances (a pure Toeplitz
+matrix, once row-centred, is no longer a function of n - m alone). The fit above is exact for
+that case: Toeplitz + any row offsets -> R^2 = 1; iid noise -> R^2 ~ (#distances) / (#cells).
+
+Estimator (exact, closed form, streaming). Eliminating the row offsets (within-row centring
+of both sides) leaves the normal equations ``G f = b`` with
+
+    G = diag(count_d) - sum_r ind_r ind_r^T / c_r,   b_d = sum of row-centred logits at d,
+
+where ``ind_r`` marks the distances present in row r, ``c_r`` its number of cells and
+``count_d`` the number of rows holding distance d. G depends only on the mask (shared by all
+heads), b and SS_tot are per head; all three are sums over rows, accumulated batch by batch.
+G is singular along the constant vector (f is defined up to a constant), so f is the
+minimum-norm solution (eigendecomposition with a cut-off), and SS_res = SS_tot - b.f. No
+iteration is involved; `tests/test_probing.py` checks it against a dense dummy-variable lstsq.
+Rows with fewer than 2 valid cells (e.g. row 0, only <bos>) carry no variation and are
+excluded, from the attention-mass histogram too.
+
+Mass. ``mass[d]`` = attention probability (``hook_pattern``) on the key at distance d,
+averaged over the valid query rows (rows too short to hold d count as 0), so it sums to 1
+over d: the data of the paper's attention-distance histogram.
+
+Layers here are block indices 0..n_layers-1 (the attention of block l).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from nopeinterp.probing._data import resolve_sets, stream
+
+_DTYPE = torch.float64
+TABLE_COLUMNS = ["split", "layer", "head", "score", "n_cells", "n_rows", "ss_tot"]
+MASS_COLUMNS = ["split", "layer", "head", "distance", "mass", "profile", "n_rows"]
+
+
+def _skew(x: torch.Tensor) -> torch.Tensor:
+    """[..., N, N] (query n, key m) -> [..., N, N] (query n, distance d = n - m); d > n -> 0."""
+    N = x.shape[-1]
+    n = torch.arange(N)[:, None]
+    d = torch.arange(N)[None, :]
+    idx = (n - d).clamp(min=0).expand(*x.shape[:-2], N, N)
+    out = torch.gather(x, -1, idx)
+    return out.masked_fill(~(d <= n), 0)
+
+
+class DistanceStats:
+    """Streaming sufficient statistics of the distance fit for the heads of one layer."""
+
+    def __init__(self, n_heads: int):
+        self.H = n_heads
+        self.D = 0
+        self.count = torch.zeros(0, dtype=_DTYPE)  # rows holding distance d
+        self.gram = torch.zeros(0, 0, dtype=_DTYPE)  # sum_r ind ind^T / c
+        self.b = torch.zeros(n_heads, 0, dtype=_DTYPE)
+        self.mass = torch.zeros(n_heads, 0, dtype=_DTYPE)
+        self.ss_tot = torch.zeros(n_heads, dtype=_DTYPE)
+        self.n_cells = 0
+        self.n_rows = 0
+
+    def _grow(self, D: int):
+        if D <= self.D:
+            return
+        pad = D - self.D
+        self.count = torch.nn.functional.pad(self.count, (0, pad))
+        self.gram = torch.nn.functional.pad(self.gram, (0, pad, 0, pad))
+        self.b = torch.nn.functional.pad(self.b, (0, pad))
+        self.mass = torch.nn.functional.pad(self.mass, (0, pad))
+        self.D = D
+
+    def update(
+        self,
+        scores: torch.Tensor,
+        valid: torch.Tensor | None = None,
+        pattern: torch.Tensor | None = None,
+    ) -> DistanceStats:
+        """scores/pattern [B, H, N, N]; valid [B, N, N] or [N, N] bool (None: causal cells).
+
+        Only cells with key <= query, marked valid and finite in every head are used.
+        """
+        B, H, N, _ = scores.shape
+        if H != self.H:
+            raise ValueError(f"expected {self.H} heads, got {H}")
+        causal = torch.ones(N, N, dtype=torch.bool).tril()
+        if valid is None:
+            valid = causal.expand(B, N, N)
+        valid = valid.to(torch.bool).expand(B, N, N) & causal
+        valid = valid & torch.isfinite(scores).all(1)
+        sk_valid = _skew(valid)  # [B, N, D=N]
+        c = sk_valid.sum(-1, keepdim=True)  # cells per row
+        sk_valid = sk_valid & (c >= 2)
+        c = sk_valid.sum(-1, keepdim=True).to(_DTYPE)
+        y = _skew(torch.where(valid[:, None], scores, 0).to(_DTYPE))  # [B, H, N, D]
+        m = sk_valid[:, None].to(_DTYPE)
+        y = y * m
+        mean = y.sum(-1, keepdim=True) / c[:, None].clamp(min=1)
+        yc = (y - mean) * m
+        self._grow(N)
+        self.b[:, :N] += yc.sum((0, 2))
+        self.ss_tot += (yc * yc).sum((0, 2, 3))
+        ind = sk_valid.reshape(-1, N).to(_DTYPE)
+        used = ind.sum(-1) > 0
+        ind = ind[used]
+        self.count[:N] += ind.sum(0)
+        self.gram[:N, :N] += ind.T @ (ind / ind.sum(-1, keepdim=True))
+        self.n_cells += int(ind.sum())
+        self.n_rows += int(used.sum())
+        if pattern is not None:
+            p = _skew(pattern.to(_DTYPE)) * m
+            self.mass[:, :N] += p.sum((0, 2))
+        return self
+
+    def solve(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(R^2 per head [H], fitted distance profile f [H, D] with f[:, 0] = 0)."""
+        if self.n_rows == 0:
+            nan = torch.full((self.H,), float("nan"), dtype=_DTYPE)
+            return nan, torch.zeros(self.H, self.D, dtype=_DTYPE)
+        G = torch.diag(self.count) - self.gram
+        G = (G + G.T) / 2
+        lam, V = torch.linalg.eigh(G)
+        tol = max(self.D, 1) * torch.finfo(_DTYPE).eps * float(lam.abs().max().clamp(min=1e-300))
+        inv = torch.where(lam > tol, 1.0 / lam, torch.zeros_like(lam))
+        f = (V @ (inv[:, None] * (V.T @ self.b.T))).T  # [H, D]
+        explained = (self.b * f).sum(-1)
+        r2 = torch.where(
+            self.ss_tot > 0,
+            explained / self.ss_tot.clamp(min=1e-300),
+            torch.full_like(self.ss_tot, float("nan")),
+        ).clamp(max=1.0)
+        return r2, f - f[:, :1]
+
+    def mass_per_row(self) -> torch.Tensor:
+        return self.mass / max(self.n_rows, 1)
+
+
+def distance_r2(scores: torch.Tensor, valid_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Distance-dependence R^2 of attention logits, per head (see the module docstring).
+
+    `scores`: [N, N] (one matrix -> a scalar), [H, N, N] (one example -> [H]) or
+    [B, H, N, N] (pooled over the batch -> [H]). `valid_mask`: bool, broadcastable to
+    [B, N, N]; None = all causal cells (non-finite cells, e.g. -inf masks, are dropped anyway).
+    """
+    scores = torch.as_tensor(scores)
+    squeeze = scores.ndim == 2
+    if scores.ndim == 2:
+        scores = scores[None, None]
+    elif scores.ndim == 3:
+        scores = scores[None]
+    if valid_mask is not None:
+        valid_mask = torch.as_tensor(valid_mask, dtype=torch.bool)
+        while valid_mask.ndim < 3:
+            valid_mask = valid_mask[None]
+    r2, _ = DistanceStats(scores.shape[1]).update(scores, valid_mask).solve()
+    return r2[0] if squeeze else r2
+
+
+@dataclass
+class DistanceResult:
+    """`table`: one row per (split, layer, head) with the score; `mass`: tidy histogram data."""
+
+    table: pd.DataFrame
+    mass: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+
+    def heatmap(self, split: str | None = None):
+        from nopeinterp.viz.probing import distance_heatmap
+
+        return distance_heatmap(self.table, split=split)
+
+    def histogram(self, layer: int | None = None, head: int | None = None, max_distance=None):
+        from nopeinterp.viz.probing import attention_distance_histogram
+
+        return attention_distance_histogram(
+            self.mass, layer=layer, head=head, max_distance=max_distance
+        )
+
+    def figure(self, split: str | None = None):
+        """The layer x head heatmap of the score (see also `histogram`)."""
+        return self.heatmap(split)
+
+    def save(self, out_dir: str | os.PathLike, name: str = "distance") -> dict[str, Path]:
+        """Write `<name>.csv` (scores), `<name>_mass.csv` (histogram data), `<name>.html`."""
+        from nopeinterp.viz.html import atomic_write_text, write_report
+
+        out = Path(out_dir)
+        paths = {
+            "csv": atomic_write_text(out / f"{name}.csv", self.table.to_csv(index=False)),
+            "mass": atomic_write_text(out / f"{name}_mass.csv", self.mass.to_csv(index=False)),
+        }
+        sections = [(f"Distance dependence ({s})", self.heatmap(s)) for s in self.splits]
+        sections.append(("Attention mass by distance", self.histogram()))
+        sections.append(
+            (
+                "About the score",
+                "<p>R&sup2; of the fit logit[n,m] &asymp; a<sub>row</sub> + f(n&minus;m) over "
+                "valid causal cells, relative to the row-centred logits: 1 = the head's logits "
+                "depend on relative distance only (up to per-row constants), 0 = not at all.</p>",
+            )
+        )
+        wide = self.table.pivot_table(index=["split", "layer"], columns="head", values="score")
+        wide.columns = [f"head {h}" for h in wide.columns]
+        sections.append(("Scores (split, layer x head)", wide.reset_index()))
+        paths["html"] = write_report(
+            out / f"{name}.html", self.meta.get("title") or "Distance dependence", sections
+        )
+        return paths
+
+    @property
+    def splits(self) -> list[str]:
+        return list(dict.fromkeys(self.table.split))
+
+
+def distance_dependence(
+    model,
+    data,
+    *,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+    id_lengths: tuple[int, int] | None = None,
+    ood_lengths: tuple[int, int] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    tokenizer=None,
+    n_eval: int = 128,
+    seed: int = 0,
+    max_cache_mb: float = 256,
+    title: str | None = None,
+) -> DistanceResult:
+    """Distance-dependence score per (split, layer, head) and the attention-mass histogram.
+
+    `data` as for `probe_position` (tensor/Batch, task, or mapping); sequences are grouped
+    into "ID"/"OOD" by `id_lengths`/`ood_lengths` (a task: `n_eval` val-split and
+    test-split examples), or a single split "all" when no lengths are given. Streams only
+    ``hook_attn_scores`` and ``hook_pattern`` of the requested blocks.
+    """
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+    n_layers, H = model.cfg.n_layers, model.cfg.n_heads
+    layers = list(range(n_layers)) if layers is None else sorted({int(x) for x in layers})
+    for layer in layers:
+        if not 0 <= layer < n_layers:
+            raise ValueError(f"layer {layer} out of range 0..{n_layers - 1}")
+    sets = resolve_sets(
+        data,
+        purpose="analysis",
+        model=model,
+        attention_mask=attention_mask,
+        lengths=lengths,
+        tokenizer=tokenizer,
+        id_lengths=id_lengths,
+        ood_lengths=ood_lengths,
+        n_eval=n_eval,
+        seed=seed,
+    )
+    hooks = {
+        layer: (f"blocks.{layer}.attn.hook_attn_scores", f"blocks.{layer}.attn.hook_pattern")
+        for layer in layers
+    }
+    rows, mass_rows = [], []
+    for split, s in sets.items():
+        stats = {layer: DistanceStats(H) for layer in layers}
+        for _, mask, acts in stream(
+            model,
+            s,
+            hooks,
+            batch_size=batch_size,
+            bytes_per_item=lambda t: 2 * H * t * t * 4,
+            max_cache_mb=max_cache_mb,
+            progress=progress,
+            desc=f"distance: {split}",
+        ):
+            real = mask.bool()
+            valid = real[:, :, None] & real[:, None, :]
+            for layer, (scores, pattern) in acts.items():
+                stats[layer].update(scores, valid, pattern)
+        for layer in layers:
+            st = stats[layer]
+            r2, profile = st.solve()
+            mass = st.mass_per_row()
+            for h in range(H):
+                rows.append(
+                    {
+                        "split": split,
+                        "layer": layer,
+                        "head": h,
+                        "score": float(r2[h]),
+                        "n_cells": st.n_cells,
+                        "n_rows": st.n_rows,
+                        "ss_tot": float(st.ss_tot[h]),
+                    }
+                )
+                for d in range(st.D):
+                    mass_rows.append(
+                        {
+                            "split": split,
+                            "layer": layer,
+                            "head": h,
+                            "distance": d,
+                            "mass": float(mass[h, d]),
+                            "profile": float(profile[h, d]),
+                            "n_rows": int(st.count[d]),
+                        }
+                    )
+    meta = {
+        "title": title,
+        "layers": layers,
+        **{f"n_seq_{k}": len(v) for k, v in sets.items()},
+        **{f"lengths_{k}": (int(v.lengths.min()), int(v.lengths.max())) for k, v in sets.items()},
+    }
+    return DistanceResult(
+        pd.DataFrame(rows, columns=TABLE_COLUMNS),
+        pd.DataFrame(mass_rows, columns=MASS_COLUMNS),
+        meta,
+    )
+
+
+def distance_dependence_checkpoint(ckpt, **kwargs) -> DistanceResult:
+    """`distance_dependence` on a checkpoint's model, tokenizer and meta["task"] (ID + OOD)."""
+    from nopeinterp.probing.position import _checkpoint_task, _checkpoint_title
+
+    task = _checkpoint_task(ckpt)
+    kwargs.setdefault("title", _checkpoint_title(ckpt, "Distance dependence"))
+    return distance_dependence(ckpt.model, (task, ckpt.tokenizer), **kwargs)
+
+
+__all__ = [
+    "DistanceResult",
+    "DistanceStats",
+    "distance_dependence",
+    "distance_dependence_checkpoint",
+    "distance_r2",
+]

@@ -1,0 +1,47 @@
+"""Attention similarity between models (Kazemnejad et al. 2023, "NoPE attends like T5").
+
+- `jsd`, `paper_jsd`: the Jensen-Shannon divergence and the official code's variant.
+- `attention_divergence(model_a, model_b, data)`: tidy per-(example, layer) frame.
+- `attention_data(task, tokenizer)`: the paper's inputs (n per ID and OOD length).
+- `compare_attention(nope, refs, data)`: bootstrap table, ranking, figures, HTML report.
+- the report's attention-mass-by-distance profile comes from nopeinterp.probing.distance.
+"""
+
+from nopeinterp.similarity.compare import (
+    ComparisonResult,
+    bootstrap_ci,
+    compare_attention,
+    distance_profile,
+    rank_refs,
+    summarize,
+)
+from nopeinterp.similarity.divergence import (
+    HEAD_REDUCERS,
+    AttentionBatch,
+    attention_data,
+    attention_divergence,
+    attention_patterns,
+    head_pair_divergence,
+    paper_head_pairs,
+    reduce_heads,
+)
+from nopeinterp.similarity.jsd import jsd, paper_jsd
+
+__all__ = [
+    "HEAD_REDUCERS",
+    "AttentionBatch",
+    "ComparisonResult",
+    "attention_data",
+    "attention_divergence",
+    "attention_patterns",
+    "bootstrap_ci",
+    "compare_attention",
+    "distance_profile",
+    "head_pair_divergence",
+    "jsd",
+    "paper_head_pairs",
+    "paper_jsd",
+    "rank_refs",
+    "reduce_heads",
+    "summarize",
+]

@@ -1,0 +1,531 @@
+"""How differently two models attend: per-(example, layer) divergence of attention patterns.
+
+The paper's analysis (Kazemnejad et al. 2023, Sec. 5 / App. F): run both models teacher-forced
+on the same full sequences (prompt + target); for each layer, each pair of heads (one per
+model) and each query row t, compare the two attention distributions over keys 0..t; average
+over rows; keep the best-matching head pair per (example, layer).
+
+What we compute by default, and how it differs from the official code
+(McGill-NLP/length-generalization, src/analyzers/attention_kl_analyzer.py):
+
+- metric: the true Jensen-Shannon divergence in nats (`jsd`, bounded by ln 2). The official
+  "jsd" is 0.5 * (KL(M||P) + KL(M||Q)) -- see `nopeinterp.similarity.jsd.paper_jsd`.
+- head reduction ("heads="): "min" over all Ha x Hb pairs (the paper's reducer), "hungarian"
+  (one-to-one matching by scipy's linear_sum_assignment, mean over matched pairs: every head
+  must find a partner, so one lucky pair cannot hide the rest) or "same" (head h vs head h).
+  The official code only compares pairs from itertools.combinations(range(H), 2), so a model
+  compared with itself never scores 0.
+- rows: query row 0 is skipped by default (one key, attention 1 vs 1: always 0, it only
+  dilutes the mean); the official code includes it.
+- `paper_compat=True` reproduces the official computation: paper_jsd, its head pairs, min over
+  them, row 0 included (unless include_first_row=False is passed). Its pairs, in the official
+  code, are (NoPE head j, other model's head i) for i < j: with attention_divergence(nope,
+  other) that is model_a head j vs model_b head i, i < j. The "heads" column then names the
+  chosen pair "a-b".
+
+Cost and memory. For each layer all Ha x Hb head pairs and all rows are done at once: the
+causal (lower-triangle) entries of each pattern are packed into a vector of T(T+1)/2 per head,
+and JSD summed over rows is 0.5 (sum p log p + sum q log q) - sum m log m, so only the m log m
+term needs the pairwise [B, Ha, Hb, T(T+1)/2] tensor (processed in bounded chunks). Data are
+streamed batch by batch; only the per-(example, layer) scalars are kept, so peak memory does
+not grow with the number of examples. Only `blocks.{l}.attn.hook_pattern` is cached, and the
+forward pass stops after the last requested layer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.optimize import linear_sum_assignment
+from tqdm.auto import tqdm
+
+from nopeinterp.similarity.jsd import LN2
+
+HEAD_REDUCERS = ("min", "hungarian", "same")
+METRICS = ("jsd", "paper_jsd")
+# Largest pairwise tensor built at once (elements); 2**23 float32 = 32 MiB.
+CHUNK_ELEMENTS = 1 << 23
+COLUMNS = ["example", "length", "n_tokens", "split", "layer", "value", "heads", "metric", "reducer"]
+
+
+@dataclass
+class AttentionBatch:
+    """Right-padded token batch plus what the result frame reports per example."""
+
+    tokens: torch.Tensor  # [B, T] long
+    attention_mask: torch.Tensor | None = None  # [B, T], 1 on real tokens; None = all real
+    lengths: torch.Tensor | None = None  # [B] the task's length of each example
+    split: list[str] | None = None  # [B] "ID" / "OOD"
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+def attention_data(
+    task, tokenizer=None, *, n_per_length: int = 10, lengths=None, seed: int = 0
+) -> Iterator[AttentionBatch]:
+    """Teacher-forced full sequences (<bos> prompt target <eos>) at ID and OOD lengths.
+
+    The paper's protocol: `n_per_length` examples for every length of the task's ID range
+    (drawn from its held-out "val" pool) and of its OOD range ("test"), or for `lengths`.
+    Yields one AttentionBatch per length (so padding is minimal), with split "ID"/"OOD" by
+    `task.id_lengths`. `task`: a Task or a task name; `tokenizer` defaults to
+    `task_tokenizer(task)`. A length with no available example is skipped with a warning.
+    """
+    from nopeinterp.tasks import encode_examples, get_task, task_tokenizer
+
+    if isinstance(task, str):
+        task = get_task(task)
+    if tokenizer is None:
+        tokenizer = task_tokenizer(task)
+    if n_per_length < 1:
+        raise ValueError(f"n_per_length must be >= 1, got {n_per_length}")
+    id_lo, id_hi = task.id_lengths
+    if lengths is None:
+        ood_lo, ood_hi = task.ood_lengths
+        lengths = [*range(id_lo, id_hi + 1), *range(ood_lo, ood_hi + 1)]
+    elif isinstance(lengths, int):
+        lengths = [lengths]
+    for length in sorted(set(lengths)):
+        if not task.has_length(length):
+            continue
+        is_id = id_lo <= length <= id_hi
+        try:
+            examples = task.generate(
+                n_per_length, lengths=length, seed=seed, split="val" if is_id else "test"
+            )
+        except ValueError as err:
+            warnings.warn(f"attention_data: skipping length {length}: {err}", stacklevel=2)
+            continue
+        batch = encode_examples(tokenizer, examples, with_target=True)
+        yield AttentionBatch(
+            tokens=batch.tokens,
+            attention_mask=batch.attention_mask,
+            lengths=batch.lengths,
+            split=["ID" if is_id else "OOD"] * len(examples),
+        )
+
+
+# --- the vectorised core -------------------------------------------------------------------
+
+
+def head_pair_divergence(
+    pattern_a: torch.Tensor,
+    pattern_b: torch.Tensor,
+    valid_rows: torch.Tensor | None = None,
+    *,
+    metric: str = "jsd",
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Mean over valid query rows of the divergence of every head pair: [B, Ha, Hb].
+
+    `pattern_a` [B, Ha, T, T], `pattern_b` [B, Hb, T, T]: causal attention patterns (row t
+    a distribution over keys 0..t). `valid_rows` [B, T] bool: rows to average (default all).
+    `metric`: "jsd" (true JSD, nats, clamped into [0, ln 2]) or "paper_jsd".
+    Only entries with key <= query are read; the rest of each pattern is ignored.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    if pattern_a.ndim != 4 or pattern_b.ndim != 4:
+        raise ValueError("patterns must be [batch, head, query, key]")
+    batch, n_a, t_q, t_k = pattern_a.shape
+    n_b = pattern_b.shape[1]
+    if pattern_b.shape[0] != batch or pattern_b.shape[2:] != (t_q, t_k) or t_q != t_k:
+        raise ValueError(
+            f"pattern shapes differ: {tuple(pattern_a.shape)} vs {tuple(pattern_b.shape)}"
+        )
+    dtype = torch.promote_types(pattern_a.dtype, pattern_b.dtype)
+    if valid_rows is None:
+        valid_rows = torch.ones(batch, t_q, dtype=torch.bool, device=pattern_a.device)
+    valid_rows = valid_rows.bool()
+    n_rows = valid_rows.sum(1)
+    if (n_rows == 0).any():
+        raise ValueError(
+            "an example has no query row to compare (a 1-token sequence with the first row "
+            "excluded?); pass include_first_row=True or drop it"
+        )
+    rows, cols = torch.tril_indices(t_q, t_k, device=pattern_a.device)
+    flat = rows * t_k + cols  # causal cells of a row-major [T, T] matrix
+
+    def packed(pattern):  # [B, H, T, T] -> [B, H, N]; index_select beats 2-d fancy indexing
+        return pattern.reshape(*pattern.shape[:2], -1).index_select(-1, flat).to(dtype)
+
+    keep = valid_rows[:, rows][:, None, :]  # [B, 1, N]
+    # Zero the entries of rows we skip (padding, row 0): xlogy(0, .) = 0 drops them from
+    # every sum, and a NaN in a padded row cannot leak in.
+    a = torch.where(keep, packed(pattern_a), 0.0)  # [B, Ha, N]
+    b = torch.where(keep, packed(pattern_b), 0.0)  # [B, Hb, N]
+    n_entries = rows.numel()
+    if metric == "jsd":
+        # sum over rows of JSD = 0.5 (sum p log p + sum q log q) - sum m log m
+        self_a = torch.xlogy(a, a).sum(-1)  # [B, Ha]
+        self_b = torch.xlogy(b, b).sum(-1)  # [B, Hb]
+    out = torch.empty(batch, n_a, n_b, dtype=dtype, device=pattern_a.device)
+    head_step = max(1, min(n_a, chunk_elements // max(1, n_b * n_entries)))
+    batch_step = max(1, chunk_elements // max(1, head_step * n_b * n_entries))
+    for b0 in range(0, batch, batch_step):
+        bs = slice(b0, b0 + batch_step)
+        for h0 in range(0, n_a, head_step):
+            hs = slice(h0, h0 + head_step)
+            pa, pb = a[bs, hs, None], b[bs, None]  # [bc, hc, 1, N], [bc, 1, Hb, N]
+            m = pa + pb  # [bc, hc, Hb, N]; in-place ops below: the one big temporary
+            m.mul_(0.5)
+            if metric == "jsd":
+                m_log_m = torch.xlogy(m, m, out=m).sum(-1)
+                total = 0.5 * (self_a[bs, hs, None] + self_b[bs, None]) - m_log_m
+            else:  # 0.5 (KL(M||P) + KL(M||Q)) = sum m log m - 0.5 (m log p + m log q)
+                total = (torch.xlogy(m, m) - 0.5 * (torch.xlogy(m, pa) + torch.xlogy(m, pb))).sum(
+                    -1
+                )
+            out[bs, hs] = total
+    out /= n_rows[:, None, None].to(dtype)
+    if metric == "jsd":
+        out.clamp_(0.0, LN2)  # rounding only: each row's JSD is in [0, ln 2]
+    return out
+
+
+def paper_head_pairs(n_heads: int) -> list[tuple[int, int]]:
+    """The official code's (model_a head, model_b head) pairs: (j, i) for i < j.
+
+    It iterates `itertools.combinations(range(H), 2)` as (src, tgt) with src indexing the
+    compared model and tgt the NoPE run; here model_a is NoPE (compare_attention's order).
+    """
+    return [(j, i) for i, j in itertools.combinations(range(n_heads), 2)]
+
+
+def reduce_heads(matrix: np.ndarray, reducer: str) -> tuple[np.ndarray, list[str]]:
+    """Per-example scalar and the head pairs it came from, from [B, Ha, Hb] matrices.
+
+    reducer: "min", "hungarian", "same" or "paper_min" (min over `paper_head_pairs`).
+    Pairs are written "a-b" (model_a head, model_b head), comma-separated when several.
+    """
+    matrix = np.asarray(matrix, dtype=np.float64)
+    batch, n_a, n_b = matrix.shape
+    if reducer in ("min", "paper_min"):
+        masked = matrix
+        if reducer == "paper_min":
+            allowed = np.zeros((n_a, n_b), dtype=bool)
+            for i, j in paper_head_pairs(n_a):
+                allowed[i, j] = True
+            masked = np.where(allowed, matrix, np.inf)
+        flat = masked.reshape(batch, -1)
+        # nanargmin-like without the warning: inf beats nothing, so an all-inf row picks 0.
+        best = np.argmin(np.where(np.isnan(flat), np.inf, flat), axis=1)
+        values = flat[np.arange(batch), best]
+        heads = [f"{k // n_b}-{k % n_b}" for k in best]
+        return values, heads
+    if reducer == "same":
+        diag = np.diagonal(matrix, axis1=1, axis2=2)
+        return diag.mean(1), [",".join(f"{h}-{h}" for h in range(n_a))] * batch
+    if reducer == "hungarian":
+        values, heads = np.empty(batch), []
+        for e in range(batch):  # the assignment solver is per matrix; B is small
+            r, c = linear_sum_assignment(matrix[e])
+            values[e] = matrix[e][r, c].mean()
+            heads.append(",".join(f"{i}-{j}" for i, j in zip(r, c, strict=True)))
+        return values, heads
+    raise ValueError(f"unknown head reducer {reducer!r}; choose one of {', '.join(HEAD_REDUCERS)}")
+
+
+# --- data handling ---------------------------------------------------------------------------
+
+
+def _is_batch_like(obj) -> bool:
+    return (
+        isinstance(obj, torch.Tensor)
+        or hasattr(obj, "tokens")
+        or (isinstance(obj, Mapping) and "tokens" in obj)
+    )
+
+
+def _as_batch(item) -> AttentionBatch:
+    if isinstance(item, torch.Tensor):
+        tokens = item.unsqueeze(0) if item.ndim == 1 else item
+        return AttentionBatch(tokens=tokens)
+    get = item.get if isinstance(item, Mapping) else lambda k: getattr(item, k, None)
+    tokens = get("tokens")
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"data item has no tokens tensor: {type(item).__name__}")
+    split = get("split")
+    if isinstance(split, str):
+        split = [split] * tokens.shape[0]
+    return AttentionBatch(
+        tokens=tokens,
+        attention_mask=get("attention_mask"),
+        lengths=get("lengths"),
+        split=None if split is None else list(split),
+    )
+
+
+def _iter_batches(data, batch_size: int) -> Iterator[AttentionBatch]:
+    items = [data] if _is_batch_like(data) else data
+    if not isinstance(items, Iterable):
+        raise TypeError(
+            "data must be a token tensor [B, T], a Batch-like object with tokens "
+            f"(+ attention_mask, lengths) or an iterable of those; got {type(data).__name__}"
+        )
+    for item in items:
+        batch = _as_batch(item)
+        tokens, mask = batch.tokens, batch.attention_mask
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
+        if mask is not None:
+            mask = mask.bool()
+            if mask.shape != tokens.shape:
+                raise ValueError("attention_mask and tokens have different shapes")
+            if (mask[:, 1:] & ~mask[:, :-1]).any() or not mask[:, 0].all():
+                raise ValueError("attention_mask must be right-padded: 1s then 0s in each row")
+        for start in range(0, tokens.shape[0], batch_size):
+            sl = slice(start, start + batch_size)
+            sub_mask = None if mask is None else mask[sl]
+            width = tokens.shape[1] if sub_mask is None else int(sub_mask.sum(1).max())
+            if sub_mask is not None and bool(sub_mask[:, :width].all()):
+                sub_mask = None  # no padding left after trimming: cheaper, same result
+            yield AttentionBatch(
+                tokens=tokens[sl, :width],
+                attention_mask=None if sub_mask is None else sub_mask[:, :width],
+                lengths=None if batch.lengths is None else batch.lengths[sl],
+                split=None if batch.split is None else batch.split[sl],
+            )
+
+
+def _n_examples(data) -> int | None:
+    if _is_batch_like(data):
+        return len(_as_batch(data).tokens)
+    if isinstance(data, list | tuple):
+        try:
+            return sum(len(_as_batch(item).tokens) for item in data)
+        except TypeError:
+            return None
+    return None
+
+
+# --- models ----------------------------------------------------------------------------------
+
+
+def _resolve_layers(model_a, models_b: Mapping, layers) -> list[int]:
+    n_a = model_a.cfg.n_layers
+    if layers is None:
+        for name, model_b in models_b.items():
+            if model_b.cfg.n_layers != n_a:
+                raise ValueError(
+                    f"models have different numbers of layers ({n_a} vs "
+                    f"{model_b.cfg.n_layers} for {name!r}); pass layers= to compare a subset"
+                )
+        return list(range(n_a))
+    layers = [layers] if isinstance(layers, int) else sorted({int(x) for x in layers})
+    n_min = min([n_a, *(m.cfg.n_layers for m in models_b.values())])
+    bad = [x for x in layers if not 0 <= x < n_min]
+    if not layers or bad:
+        raise ValueError(f"layers {bad or layers} out of range for models with {n_min} layers")
+    return layers
+
+
+def check_compatible(model_a, model_b, name: str = "model_b") -> None:
+    """ValueError unless the two models read the same token ids (same d_vocab)."""
+    if model_a.cfg.d_vocab != model_b.cfg.d_vocab:
+        raise ValueError(
+            f"models have different vocabularies (d_vocab {model_a.cfg.d_vocab} vs "
+            f"{model_b.cfg.d_vocab} for {name!r}): their attention on the same tokens is "
+            "not comparable"
+        )
+
+
+def pattern_names_filter(layers: Iterable[int]):
+    """names_filter admitting only blocks.{l}.attn.hook_pattern for `layers`."""
+    wanted = frozenset(f"blocks.{layer}.attn.hook_pattern" for layer in layers)
+    return lambda name: name in wanted
+
+
+def attention_patterns(model, tokens, attention_mask=None, layers=None) -> dict[int, torch.Tensor]:
+    """{layer: pattern [B, H, T, T]} from one teacher-forced pass caching only the patterns."""
+    layers = list(range(model.cfg.n_layers)) if layers is None else list(layers)
+    device = model.cfg.device
+    tokens = tokens.to(device)
+    mask = None if attention_mask is None else attention_mask.to(device).long()
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(
+            tokens,
+            attention_mask=mask,
+            names_filter=pattern_names_filter(layers),
+            stop_at_layer=max(layers) + 1,  # later blocks and the unembedding are not needed
+        )
+    return {layer: cache[f"blocks.{layer}.attn.hook_pattern"] for layer in layers}
+
+
+def _reducer_for(heads: str, paper_compat: bool, n_a: int, n_b: int, name: str) -> str:
+    if heads not in HEAD_REDUCERS:
+        raise ValueError(f"unknown heads={heads!r}; choose one of {', '.join(HEAD_REDUCERS)}")
+    if paper_compat:
+        if heads != "min":
+            raise ValueError("paper_compat=True uses the paper's own pairing; leave heads='min'")
+        if n_a != n_b or n_a < 2:
+            raise ValueError(
+                f"paper_compat needs the same number (>= 2) of heads in both models, got "
+                f"{n_a} and {n_b} for {name!r}"
+            )
+        return "paper_min"
+    if heads == "same" and n_a != n_b:
+        raise ValueError(f"heads='same' needs equal head counts, got {n_a} and {n_b} for {name!r}")
+    return heads
+
+
+def divergence_frames(
+    model_a,
+    models_b: Mapping,
+    data,
+    *,
+    heads: str = "min",
+    paper_compat: bool = False,
+    include_first_row: bool | None = None,
+    batch_size: int = 32,
+    layers=None,
+    id_lengths: tuple[int, int] | None = None,
+    progress: bool = True,
+) -> dict[str, pd.DataFrame]:
+    """`attention_divergence` of model_a against several models, running model_a once per batch.
+
+    Returns {name: frame} with the columns of `attention_divergence`.
+    """
+    if not models_b:
+        raise ValueError("no models to compare against")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    for name, model_b in models_b.items():
+        check_compatible(model_a, model_b, name)
+    layers = _resolve_layers(model_a, models_b, layers)
+    reducers = {
+        name: _reducer_for(heads, paper_compat, model_a.cfg.n_heads, m.cfg.n_heads, name)
+        for name, m in models_b.items()
+    }
+    metric = "paper_jsd" if paper_compat else "jsd"
+    if include_first_row is None:
+        include_first_row = paper_compat  # the official code averages row 0 in
+    d_vocab = model_a.cfg.d_vocab
+
+    meta = {"example": [], "length": [], "n_tokens": [], "split": []}
+    results = {name: {"value": [], "heads": []} for name in models_b}  # [example][layer]
+    bar = tqdm(
+        total=_n_examples(data), unit="ex", desc="attention divergence", disable=not progress
+    )
+    n_seen = 0
+    try:
+        for batch in _iter_batches(data, batch_size):
+            tokens = batch.tokens
+            if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= d_vocab):
+                raise ValueError(f"token ids outside the models' vocabulary [0, {d_vocab})")
+            n = tokens.shape[0]
+            mask = batch.attention_mask
+            valid = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.bool()
+            n_tokens = valid.sum(1)
+            if not include_first_row:
+                valid = valid.clone()
+                valid[:, 0] = False
+            valid = valid.to(model_a.cfg.device)
+            pats_a = attention_patterns(model_a, tokens, mask, layers)
+            for name, model_b in models_b.items():
+                pats_b = attention_patterns(model_b, tokens, mask, layers)
+                vals = np.empty((n, len(layers)))
+                pair_names = [[None] * len(layers) for _ in range(n)]
+                for li, layer in enumerate(layers):
+                    mat = head_pair_divergence(
+                        pats_a[layer], pats_b[layer].to(pats_a[layer].device), valid, metric=metric
+                    )
+                    v, h = reduce_heads(mat.cpu().numpy(), reducers[name])
+                    vals[:, li] = v
+                    for e in range(n):
+                        pair_names[e][li] = h[e]
+                results[name]["value"].extend(vals.tolist())
+                results[name]["heads"].extend(pair_names)
+                del pats_b
+            del pats_a
+            lengths = n_tokens if batch.lengths is None else batch.lengths
+            lengths = [int(x) for x in lengths]
+            if batch.split is not None:
+                split = list(batch.split)
+            elif id_lengths is not None:
+                split = ["ID" if id_lengths[0] <= x <= id_lengths[1] else "OOD" for x in lengths]
+            else:
+                split = [None] * n
+            meta["example"].extend(range(n_seen, n_seen + n))
+            meta["length"].extend(lengths)
+            meta["n_tokens"].extend(int(x) for x in n_tokens)
+            meta["split"].extend(split)
+            n_seen += n
+            bar.update(n)
+    finally:
+        bar.close()
+    if n_seen == 0:
+        raise ValueError("no examples in data: nothing to compare")
+
+    frames = {}
+    n_layers = len(layers)
+    for name in models_b:
+        frame = pd.DataFrame(
+            {
+                "example": np.repeat(meta["example"], n_layers),
+                "length": np.repeat(meta["length"], n_layers),
+                "n_tokens": np.repeat(meta["n_tokens"], n_layers),
+                "split": np.repeat(np.array(meta["split"], dtype=object), n_layers),
+                "layer": np.tile(layers, n_seen),
+                "value": np.asarray(results[name]["value"]).reshape(-1),
+                "heads": [h for row in results[name]["heads"] for h in row],
+                "metric": metric,
+                "reducer": reducers[name],
+            },
+            columns=COLUMNS,
+        )
+        frames[name] = frame
+    return frames
+
+
+def attention_divergence(
+    model_a,
+    model_b,
+    data,
+    *,
+    heads: str = "min",
+    paper_compat: bool = False,
+    include_first_row: bool | None = None,
+    batch_size: int = 32,
+    layers=None,
+    id_lengths: tuple[int, int] | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Divergence between the attention patterns of two models, per example and layer.
+
+    data: a token tensor [B, T] (every position real), a Batch-like object with `tokens`
+    (+ right-padded `attention_mask`, `lengths`, `split`), or an iterable of those, e.g.
+    `attention_data(task, tokenizer)`. Sequences are run teacher-forced as given.
+    heads: "min" | "hungarian" | "same" (see the module docstring).
+    paper_compat: the official code's metric (paper_jsd) and head pairs; includes row 0
+    unless include_first_row=False. include_first_row: default False (True if paper_compat).
+    layers: subset of layers (needed when the models' layer counts differ).
+    id_lengths: (lo, hi) to fill `split` when the data do not carry one.
+    progress: tqdm bar over examples.
+
+    Returns a tidy DataFrame, one row per (example, layer): example (index in data order),
+    length (the task's length, else the token count), n_tokens, split ("ID"/"OOD"/None),
+    layer, value, heads (matched pairs "a-b,..." or the argmin pair), metric ("jsd" |
+    "paper_jsd"), reducer ("min" | "hungarian" | "same" | "paper_min").
+    Raises ValueError for incompatible models (d_vocab, n_layers without `layers`, head
+    counts for "same"/paper_compat) and for empty data.
+    """
+    return divergence_frames(
+        model_a,
+        {"model_b": model_b},
+        data,
+        heads=heads,
+        paper_compat=paper_compat,
+        include_first_row=include_first_row,
+        batch_size=batch_size,
+        layers=layers,
+        id_lengths=id_lengths,
+        progress=progress,
+    )["model_b"]

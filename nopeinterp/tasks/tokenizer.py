@@ -1,0 +1,85 @@
+"""Word-level Hugging Face fast tokenizer for the task suite (built locally, no download).
+
+Ids: ``<pad>``=0, ``<bos>``=1, ``<sep>``=2, ``<eos>``=3, ``<unk>``=4, then the task words in
+the order given. Prompts are split on whitespace only.
+
+The tasks' separator word ``[SEP]`` is *normalised* to ``<sep>`` (a tokenizers ``Replace``
+normaliser), so it gets the sep id but decodes / shows in ``to_str_tokens`` as ``<sep>``.
+A post-processor prepends ``<bos>`` to every encoding; ``add_bos_token=True`` is recorded so
+TransformerLens detects that and does not add a second one (nor try to download a
+"bos-enabled" copy of the tokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+PAD, BOS, SEP, EOS, UNK = "<pad>", "<bos>", "<sep>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, SEP, EOS, UNK)
+SEP_WORD = "[SEP]"
+NAME = "nopeinterp-word-level"  # placeholder name_or_path; never resolved on the Hub
+_JSON_FORMAT = "nopeinterp-word-tokenizer/1"
+
+
+def _wrap(backend: Tokenizer) -> PreTrainedTokenizerFast:
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        sep_token=SEP,
+        padding_side="right",
+        add_bos_token=True,
+        add_eos_token=False,
+    )
+    # TransformerLens reads init_kwargs["name_or_path"] when it is handed a tokenizer.
+    tok.name_or_path = NAME
+    tok.init_kwargs["name_or_path"] = NAME
+    return tok
+
+
+def build_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
+    """Word-level tokenizer over ``words`` (duplicates and ``[SEP]`` folded in)."""
+    vocab: dict[str, int] = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    for w in words:
+        if not w or len(w.split()) != 1:
+            raise ValueError(f"vocabulary entries must be single words, got {w!r}")
+        if w != SEP_WORD and w not in vocab:
+            vocab[w] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    backend.normalizer = normalizers.Replace(SEP_WORD, SEP)
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
+    )
+    return _wrap(backend)
+
+
+def task_tokenizer(task) -> PreTrainedTokenizerFast:
+    """Tokenizer covering one task's vocabulary (``task`` is a Task or a task name)."""
+    if isinstance(task, str):
+        from . import get_task
+
+        task = get_task(task)
+    return build_tokenizer(task.vocab())
+
+
+def tokenizer_to_json(tok: PreTrainedTokenizerFast) -> str:
+    """Serialise a tokenizer from :func:`build_tokenizer` to a plain JSON string."""
+    return json.dumps(
+        {"format": _JSON_FORMAT, "backend": json.loads(tok.backend_tokenizer.to_str())},
+        sort_keys=True,
+    )
+
+
+def tokenizer_from_json(s: str) -> PreTrainedTokenizerFast:
+    """Inverse of :func:`tokenizer_to_json`."""
+    data = json.loads(s)
+    if data.get("format") != _JSON_FORMAT:
+        raise ValueError(f"not a nopeinterp tokenizer JSON (format={data.get('format')!r})")
+    return _wrap(Tokenizer.from_str(json.dumps(data["backend"])))

@@ -1,0 +1,238 @@
+import math
+import warnings
+
+import pytest
+import torch
+from transformers.models.t5.modeling_t5 import T5Attention
+
+from nopeinterp import PE_TYPES, build_model
+from nopeinterp._tl import HookedTransformer, HookedTransformerConfig
+from nopeinterp.models import alibi_slopes
+from tests.conftest import TINY
+
+N_CTX = TINY["n_ctx"]
+
+
+def tokens(batch, length, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, TINY["d_vocab"], (batch, length), generator=g)
+
+
+# --- every PE -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_forward_cache_pattern_and_length(pe, tiny):
+    model = tiny(pe)
+    length = 4 * N_CTX
+    if pe == "ape":
+        with pytest.raises(ValueError, match=f"{N_CTX} positions"):
+            model(tokens(2, length))
+        length = N_CTX
+    logits, cache = model.run_with_cache(
+        tokens(2, length), names_filter=lambda name: name == "blocks.0.attn.hook_pattern"
+    )
+    assert logits.shape == (2, length, TINY["d_vocab"])
+    assert list(cache.keys()) == ["blocks.0.attn.hook_pattern"]
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    assert pattern.shape == (2, TINY["n_heads"], length, length)
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(2, TINY["n_heads"], length))
+    assert (pattern.triu(diagonal=1) == 0).all()
+
+
+@pytest.mark.parametrize("pe", [pe for pe in PE_TYPES if pe != "ape"])
+def test_long_inputs_8x(pe, tiny):
+    logits = tiny(pe)(tokens(1, 8 * N_CTX))
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_prefix_outputs_equal_full_outputs(pe, tiny):
+    """Causality: logits at positions < L do not depend on tokens at positions >= L."""
+    model = tiny(pe)
+    full = tokens(3, N_CTX)
+    torch.testing.assert_close(model(full[:, :7]), model(full)[:, :7], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_kv_cache_matches_full_forward(pe, tiny):
+    """Decoding with TL's KV cache must see the same positions as a full forward pass."""
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+    model = tiny(pe)
+    seq = tokens(2, 12)
+    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 2)
+    ones = torch.ones_like(seq)  # no tokenizer, so the mask TL needs with a cache is explicit
+    pieces = [model(seq[:, :5], past_kv_cache=cache, attention_mask=ones[:, :5])]
+    for t in range(5, 12):
+        pieces.append(model(seq[:, t : t + 1], past_kv_cache=cache, attention_mask=ones[:, :1]))
+    torch.testing.assert_close(torch.cat(pieces, 1), model(seq), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_standard_hooks_exist(pe, tiny):
+    model = tiny(pe)
+    names = set(model.hook_dict)
+    expected = {"hook_embed"}
+    for layer in range(TINY["n_layers"]):
+        expected |= {f"blocks.{layer}.hook_resid_{s}" for s in ("pre", "mid", "post")}
+        expected |= {
+            f"blocks.{layer}.attn.hook_{s}" for s in ("q", "k", "v", "z", "attn_scores", "pattern")
+        }
+    assert expected <= names
+    _, cache = model.run_with_cache(tokens(1, 8))
+    assert (
+        cache.accumulated_resid().shape[0] == TINY["n_layers"] + 1
+    )  # ActivationCache helper works
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_same_seed_same_weights(pe, tiny):
+    a, b, c = tiny(pe, seed=3), tiny(pe, seed=3), tiny(pe, seed=4)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+
+
+def test_building_does_not_warn(tiny):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tiny("nope")
+
+
+def test_unknown_pe_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown positional encoding 'bogus'.*nope"):
+        build_model("bogus", **TINY)
+
+
+# --- NoPE -------------------------------------------------------------------------------------
+def test_nope_has_no_position_weights(tiny):
+    model = tiny("nope")
+    assert not [k for k in model.state_dict() if "pos" in k]
+    assert "hook_pos_embed" not in model.hook_dict
+    # Without a causal mask a NoPE model is permutation-equivariant; with it, position 0 sees only
+    # itself: its output is the same whatever follows or precedes... check row 0 on shuffles.
+    seq = tokens(1, 10)
+    perm = torch.cat([seq[:, :1], seq[:, 1:].flip(1)], 1)
+    torch.testing.assert_close(model(seq)[:, 0], model(perm)[:, 0])
+
+
+# --- T5 -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "num_buckets,max_distance", [(32, 128), (16, 64), (8, 20), (64, 512), (32, 40)]
+)
+def test_t5_buckets_match_transformers(num_buckets, max_distance, tiny):
+    model = tiny("t5", num_buckets=num_buckets, max_distance=max_distance)
+    table = model.rel_pos_bias[0]
+    got = table.buckets(1001, 1001)  # [query, key]
+    q = torch.arange(1001)[:, None]
+    k = torch.arange(1001)[None, :]
+    want = T5Attention._relative_position_bucket(
+        k - q, bidirectional=False, num_buckets=num_buckets, max_distance=max_distance
+    )
+    causal = k <= q
+    assert torch.equal(got[causal], want[causal])
+    assert got[causal].max() == num_buckets - 1  # the far buckets are reached
+
+
+def test_t5_bias_is_in_scores_and_has_its_hook(tiny):
+    model = tiny("t5")
+    with torch.no_grad():
+        for block in model.blocks:  # q.k = 0: the scores are the bias alone
+            block.attn.W_Q.zero_()
+            block.attn.b_Q.zero_()
+    _, cache = model.run_with_cache(tokens(1, 10))
+    table = model.rel_pos_bias[0]
+    expected = table.W_bias[table.buckets(10, 10)].permute(2, 0, 1)
+    for layer in range(TINY["n_layers"]):
+        bias = cache[f"blocks.{layer}.attn.hook_position_bias"][0]
+        torch.testing.assert_close(bias, expected)
+        scores = cache[f"blocks.{layer}.attn.hook_attn_scores"][0]
+        causal = torch.ones(10, 10).tril().bool()
+        torch.testing.assert_close(scores[:, causal], expected[:, causal])
+        assert torch.isinf(scores[:, ~causal]).all()
+
+
+def test_t5_shared_and_per_layer_tables(tiny):
+    assert len(tiny("t5").rel_pos_bias) == 1
+    per_layer = tiny("t5", shared=False)
+    assert len(per_layer.rel_pos_bias) == TINY["n_layers"]
+    assert sum("W_bias" in k for k in per_layer.state_dict()) == TINY["n_layers"]
+
+
+# --- ALiBi --------------------------------------------------------------------------------------
+def alibi_paper_slopes(n):
+    """The ALiBi paper's reference code (Press et al., attention_with_linear_biases)."""
+
+    def get_slopes_power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        ratio = start
+        return [start * ratio**i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return get_slopes_power_of_2(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return get_slopes_power_of_2(closest) + alibi_paper_slopes(2 * closest)[0::2][: n - closest]
+
+
+@pytest.mark.parametrize("n_heads", range(1, 17))
+def test_alibi_slopes_match_paper(n_heads):
+    torch.testing.assert_close(
+        alibi_slopes(n_heads), torch.tensor(alibi_paper_slopes(n_heads), dtype=torch.float32)
+    )
+
+
+def test_alibi_scores_do_not_depend_on_earlier_longer_inputs(tiny):
+    """TL 3.9 caches its ALiBi bias at the longest length seen; ours must not."""
+    model = tiny("alibi", n_heads=3, d_model=24)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.W_Q.zero_()
+            block.attn.b_Q.zero_()
+    short = tokens(1, 6)
+    _, before = model.run_with_cache(short)
+    model(tokens(1, 40))
+    _, after = model.run_with_cache(short)
+    name = "blocks.1.attn.hook_attn_scores"
+    torch.testing.assert_close(before[name], after[name])
+    dist = (torch.arange(6)[:, None] - torch.arange(6)[None, :]).float()
+    expected = -alibi_slopes(3)[:, None, None] * dist
+    causal = dist >= 0
+    torch.testing.assert_close(after[name][0][:, causal], expected[:, causal])
+
+
+# --- Rotary -------------------------------------------------------------------------------------
+def test_rotary_matches_stock_transformerlens(tiny):
+    ours = tiny("rotary")
+    assert ours.cfg.rotary_dim == 2  # 25% of d_head 8
+    cfg = HookedTransformerConfig(**{**ours.cfg.to_dict(), "positional_embedding_type": "rotary"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        stock = HookedTransformer(cfg)
+    stock.load_state_dict(ours.state_dict())
+    seq = tokens(2, N_CTX)
+    torch.testing.assert_close(ours(seq), stock(seq))
+    # and the rotation really is applied: zeroing it changes the logits
+    assert not torch.allclose(ours(seq), tiny("nope")(seq))
+
+
+def test_rotary_fraction_option(tiny):
+    assert tiny("rotary", fraction=1.0).cfg.rotary_dim == 8
+    assert tiny("rotary", fraction=0.5).cfg.rotary_dim == 4
+    with pytest.raises(ValueError):
+        tiny("rotary", fraction=0)
+
+
+# --- absolute embeddings ------------------------------------------------------------------------
+def test_sinusoidal_embedding_values(tiny):
+    model = tiny("sinusoidal")
+    _, cache = model.run_with_cache(tokens(1, 40), names_filter="hook_pos_embed")
+    emb = cache["hook_pos_embed"][0]
+    pos = torch.arange(40.0)[:, None]
+    i = torch.arange(0, 32, 2.0)[None, :]
+    torch.testing.assert_close(emb[:, 0::2], torch.sin(pos / 10000 ** (i / 32)))
+    torch.testing.assert_close(emb[:, 1::2], torch.cos(pos / 10000 ** (i / 32)))
+    assert not [k for k, v in model.named_parameters() if "pos" in k]
+
+
+def test_pe_options_are_checked(tiny):
+    with pytest.raises(TypeError, match="takes no options"):
+        tiny("nope", num_buckets=3)
