@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 main: $(STAMP)  ## the main job, on the shipped checkpoints
-	$(PY) -m nopeinterp.main_job --checkpoints checkpoints --out $(REPORT)
+	$(PY) -m nopeinterp.cli report --checkpoints checkpoints --out $(REPORT)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

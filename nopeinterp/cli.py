@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import nopeinterp
 from nopeinterp.errors import NopeinterpError
@@ -107,6 +108,183 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def checkpoint_paths(path) -> list[Path]:
+    """A checkpoint file, or every checkpoint (*.pt, *.safetensors) in a directory."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(
+            p
+            for p in path.iterdir()
+            if p.suffix in (".pt", ".safetensors") and not p.name.endswith(".state.pt")
+        )
+        if not found:
+            raise NopeinterpError(f"{path}: no checkpoints (*.pt, *.safetensors) in this directory")
+        return found
+    return [path]
+
+
+def _length_range(lengths):
+    return (min(lengths), max(lengths)) if lengths else None
+
+
+def _fmt(df) -> str:
+    return df.to_string(float_format=lambda v: f"{v:.3f}")
+
+
+def cmd_probe_position(args) -> int:
+    import pandas as pd
+
+    from nopeinterp.probing import probe_position_checkpoint
+
+    tables, pivots = [], []
+    for path in checkpoint_paths(args.checkpoint):
+        ckpt = nopeinterp.load_checkpoint(path)
+        result = probe_position_checkpoint(
+            ckpt,
+            layers=args.layers,
+            id_lengths=_length_range(args.train_lengths),
+            ood_lengths=_length_range(args.lengths),
+            n_train=args.n_train,
+            n_eval=args.n_eval,
+        )
+        tables.append(result.table.assign(checkpoint=path.stem))
+        pivots.append(
+            result.pivot()
+            .assign(checkpoint=path.stem)
+            .reset_index()
+            .set_index(["checkpoint", "layer"])
+        )
+        if args.out:
+            result.save(
+                Path(args.out) / path.stem
+                if len(tables) > 1 or Path(args.checkpoint).is_dir()
+                else args.out
+            )
+    print(_fmt(pd.concat(pivots)))
+    if args.out:
+        from nopeinterp.viz.html import atomic_write_text
+
+        atomic_write_text(
+            Path(args.out) / "probe_position_all.csv", pd.concat(tables).to_csv(index=False)
+        )
+        print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_probe_distance(args) -> int:
+    import pandas as pd
+
+    from nopeinterp.probing import distance_dependence_checkpoint
+
+    tables = []
+    for path in checkpoint_paths(args.checkpoint):
+        ckpt = nopeinterp.load_checkpoint(path)
+        result = distance_dependence_checkpoint(ckpt, layers=args.layers)
+        tables.append(result.table.assign(checkpoint=path.stem))
+        if args.out:
+            result.save(Path(args.out) / path.stem if Path(args.checkpoint).is_dir() else args.out)
+    table = pd.concat(tables)
+    wide = table.pivot_table(index=["checkpoint", "split", "layer"], columns="head", values="score")
+    wide.columns = [f"head {h}" for h in wide.columns]
+    print(_fmt(wide))
+    if args.out:
+        from nopeinterp.viz.html import atomic_write_text
+
+        atomic_write_text(Path(args.out) / "distance_all.csv", table.to_csv(index=False))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def resolve_refs(refs: list[str], directory: Path, task: str | None) -> dict[str, Path]:
+    """--ref values -> {name: path}. A PE name is looked up as <task>-<pe>.pt in `directory`."""
+    from nopeinterp.models import PE_TYPES
+
+    available = {}
+    if directory.is_dir():
+        for p in sorted(directory.glob(f"{task}-*.pt" if task else "*.pt")):
+            if p.name.endswith(".state.pt"):
+                continue
+            pe = p.stem.split("-", 1)[1] if "-" in p.stem else p.stem
+            available.setdefault(pe, p)
+    out: dict[str, Path] = {}
+    for ref in refs:
+        if ref == "all":
+            out.update({pe: p for pe, p in available.items() if pe in PE_TYPES and pe != "nope"})
+        elif Path(ref).suffix in (".pt", ".safetensors") or Path(ref).exists():
+            out[Path(ref).stem] = Path(ref)
+        elif ref in available:
+            out[ref] = available[ref]
+        else:
+            names = ", ".join(sorted(available)) or "none"
+            raise NopeinterpError(
+                f"unknown ref {ref!r}: no {task or '*'}-{ref}.pt in {directory} (available: {names})"
+            )
+    if not out:
+        raise NopeinterpError(f"no reference checkpoints found in {directory}")
+    return out
+
+
+def default_nope(directory: Path, task: str | None) -> Path:
+    """<task>-nope.pt; without a task, scan's (the paper's analysis) or the only one there."""
+    if task:
+        return directory / f"{task}-nope.pt"
+    found = sorted(directory.glob("*-nope.pt")) if directory.is_dir() else []
+    if not found:
+        raise NopeinterpError(f"no NoPE checkpoint (*-nope.pt) in {directory}; give --nope PATH")
+    by_task = {p.name.removesuffix("-nope.pt"): p for p in found}
+    return by_task.get("scan", found[0]) if len(found) > 1 and "scan" in by_task else found[0]
+
+
+def cmd_compare_attention(args) -> int:
+    from nopeinterp.similarity import attention_data, compare_attention
+
+    directory = Path(args.checkpoints)
+    task = args.task
+    nope_path = Path(args.nope) if args.nope else default_nope(directory, task)
+    nope = nopeinterp.load_checkpoint(nope_path)
+    task = task or nope.task
+    refs = resolve_refs(args.ref, directory, task)
+    refs.pop("nope", None)
+    prime = args.nope_prime
+    if prime is None and (directory / f"{task}-nope-seed1.pt").exists():
+        prime = directory / f"{task}-nope-seed1.pt"
+    refs.pop("nope-seed1", None)
+    from nopeinterp.tasks import get_task
+
+    data = list(
+        attention_data(
+            get_task(task, **nope.meta.get("task_options", {})),
+            nope.tokenizer,
+            n_per_length=args.n_per_length,
+            seed=args.seed,
+        )
+    )
+    if not data:
+        raise NopeinterpError(f"empty data set for task {task!r}")
+    result = compare_attention(
+        nope,
+        {name: str(p) for name, p in refs.items()},
+        data,
+        nope_prime=str(prime) if prime else None,
+        heads=args.heads,
+        paper_compat=args.paper_compat,
+        seed=args.seed,
+    )
+    print(f"attention divergence from NoPE ({result.metric}, heads={result.reducer}), {task}:")
+    print(result.ranking.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if args.out:
+        report = result.save(args.out, title=f"NoPE attention similarity: {task}")
+        print(f"wrote {report}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from nopeinterp.main_job import run_main_job
+
+    run_main_job(args.checkpoints, args.out, n_eval=args.n_eval, n_per_length=args.n_per_length)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nopeinterp",
@@ -154,6 +332,68 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--out", default=None, help="directory for CSV + HTML")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "probe-position", help="linear probes for absolute position, per layer (Theorem 1)"
+    )
+    p.add_argument("checkpoint", help="a checkpoint, or a directory: every checkpoint in it")
+    p.add_argument(
+        "--layers", type=parse_layers, default=None, help="0 = embeddings, l = after block l"
+    )
+    p.add_argument(
+        "--train-lengths",
+        type=parse_lengths,
+        default=None,
+        help="probe fit lengths (default: task ID)",
+    )
+    p.add_argument(
+        "--lengths", type=parse_lengths, default=None, help="OOD lengths (default: task OOD)"
+    )
+    p.add_argument("--n-train", type=int, default=512, help="sequences to fit on")
+    p.add_argument("--n-eval", type=int, default=256, help="sequences per evaluation split")
+    p.add_argument("--out", default=None, help="directory for CSV + HTML")
+    p.set_defaults(func=cmd_probe_position)
+
+    p = sub.add_parser(
+        "probe-distance", help="how much attention logits depend on n-m only (Theorem 2)"
+    )
+    p.add_argument("checkpoint", help="a checkpoint, or a directory: every checkpoint in it")
+    p.add_argument("--layers", type=parse_layers, default=None)
+    p.add_argument("--out", default=None, help="directory for CSV + HTML")
+    p.set_defaults(func=cmd_probe_distance)
+
+    p = sub.add_parser(
+        "compare-attention", help="JSD between NoPE's attention and each reference PE"
+    )
+    p.add_argument(
+        "--ref",
+        action="append",
+        required=True,
+        help="PE name, checkpoint path, or 'all' (repeatable)",
+    )
+    p.add_argument("--checkpoints", default="checkpoints", help="where PE names are looked up")
+    p.add_argument("--nope", default=None, help="NoPE checkpoint (default: <dir>/<task>-nope.pt)")
+    p.add_argument(
+        "--nope-prime",
+        default=None,
+        help="second NoPE seed (default: <dir>/<task>-nope-seed1.pt if present)",
+    )
+    p.add_argument("--task", default=None, help="default: the NoPE checkpoint's task")
+    p.add_argument("--n-per-length", type=int, default=10)
+    p.add_argument("--heads", choices=("min", "hungarian", "same"), default="min")
+    p.add_argument(
+        "--paper-compat", action="store_true", help="the official code's formula and head pairing"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="directory for CSV + HTML report")
+    p.set_defaults(func=cmd_compare_attention)
+
+    p = sub.add_parser("report", help="the main job: every analysis on a checkpoint directory")
+    p.add_argument("--checkpoints", default="checkpoints")
+    p.add_argument("--out", default="reports/main")
+    p.add_argument("--n-eval", type=int, default=20, help="examples per length for exact match")
+    p.add_argument("--n-per-length", type=int, default=10, help="examples per length for JSD")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

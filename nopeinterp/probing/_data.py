@@ -39,6 +39,17 @@ class SequenceSet:
     def n_tokens(self) -> int:
         return int(self.attention_mask.sum())
 
+    def readable_by(self, limit: int | None) -> SequenceSet:
+        """The sequences of at most `limit` tokens (all if None), padding trimmed to fit."""
+        if limit is None:
+            return self
+        keep = (self.attention_mask.sum(1) <= limit).nonzero().flatten()
+        out = self.subset(keep)
+        width = int(out.attention_mask.sum(1).max()) if len(out) else 0
+        return SequenceSet(
+            out.name, out.tokens[:, :width], out.attention_mask[:, :width], out.lengths
+        )
+
 
 def _as_set(name, tokens, attention_mask=None, lengths=None) -> SequenceSet:
     tokens = torch.as_tensor(tokens).long()

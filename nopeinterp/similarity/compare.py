@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,6 +215,10 @@ def _reusable(data):
     return list(data)
 
 
+def _batches(data) -> list:
+    return [data] if _is_batch_like(data) else list(data)
+
+
 def _first_example(data) -> torch.Tensor | None:
     item = data if _is_batch_like(data) else next(iter(data), None)
     if item is None:
@@ -269,18 +274,41 @@ def compare_attention(
         data = attention_data(task, base[1], n_per_length=n_per_length, seed=seed)
     data = _reusable(data)
 
-    frames = divergence_frames(
-        base[0],
-        {name: other[0] for name, other in loaded.items()},
-        data,
-        heads=heads,
-        paper_compat=paper_compat,
-        include_first_row=include_first_row,
-        batch_size=batch_size,
-        layers=layers,
-        id_lengths=id_lengths,
-        progress=progress,
-    )
+    # A learned-APE model cannot read past its table: it is compared only on the sequences it
+    # can read (OOD lengths usually drop out); the other refs see all of them.
+    from nopeinterp.evaluation import max_positions
+
+    groups: dict = {}
+    for name, other in loaded.items():
+        groups.setdefault(max_positions(other[0]), {})[name] = other[0]
+    frames = {}
+    for limit, models in groups.items():
+        group_data = data
+        if limit is not None:
+            group_data = [b for b in _batches(data) if _as_batch(b).tokens.shape[1] <= limit]
+            if not group_data:
+                warnings.warn(
+                    f"{', '.join(models)}: no sequence fits in {limit} positions; skipped",
+                    stacklevel=2,
+                )
+                continue
+        frames.update(
+            divergence_frames(
+                base[0],
+                models,
+                group_data,
+                heads=heads,
+                paper_compat=paper_compat,
+                include_first_row=include_first_row,
+                batch_size=batch_size,
+                layers=layers,
+                id_lengths=id_lengths,
+                progress=progress,
+            )
+        )
+    if not frames:
+        raise ValueError("no reference model could be compared on this data")
+    frames = {name: frames[name] for name in loaded if name in frames}
     per_example = pd.concat([f.assign(ref=name) for name, f in frames.items()], ignore_index=True)
     per_example = per_example[["ref", *[c for c in per_example.columns if c != "ref"]]]
     table = summarize(per_example, n_boot=n_boot, seed=seed)
