@@ -31,9 +31,9 @@ def _left_pad(batch, pad_id):
     return tokens, mask
 
 
-def sequence_length(tokenizer, example: Example) -> int:
-    """Tokens of the teacher-forced sequence <bos> prompt target <eos>."""
-    return int(encode_examples(tokenizer, [example]).attention_mask.sum())
+def max_sequence_length(tokenizer, examples: Sequence[Example]) -> int:
+    """Tokens of the longest teacher-forced sequence <bos> prompt target <eos>."""
+    return int(encode_examples(tokenizer, examples).attention_mask.sum(1).max())
 
 
 @torch.inference_mode()
@@ -145,7 +145,7 @@ def evaluate(
             "split": split,
             "n": len(examples),
         }
-        if limit is not None and max(sequence_length(ckpt.tokenizer, e) for e in examples) > limit:
+        if limit is not None and max_sequence_length(ckpt.tokenizer, examples) > limit:
             rows.append({**row, "correct": 0, "accuracy": math.nan, "evaluable": False})
             continue
         correct = exact_match(

@@ -26,6 +26,7 @@ class SequenceSet:
     tokens: torch.Tensor  # [B, T] long
     attention_mask: torch.Tensor  # [B, T] long, right-padded
     lengths: torch.Tensor  # [B] the task's length, or the token count
+    n_not_readable: int = 0  # sequences dropped: longer than the model's position table
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -162,7 +163,7 @@ def resolve_sets(
             sets.update(_split(train, {"val": val_fraction, "fit": 1 - val_fraction}, seed))
         sets["ID"] = make("ID", n_eval, "val", id_r)
         sets["OOD"] = make("OOD", n_eval, "test", ood_r)
-        return _ordered(sets)
+        return _ordered(sets, model)
 
     if isinstance(data, Mapping):
         named = {}
@@ -178,7 +179,7 @@ def resolve_sets(
                 named.update(
                     _split(named.pop("fit"), {"val": val_fraction, "fit": 1 - val_fraction}, seed)
                 )
-        return _ordered(named)
+        return _ordered(named, model)
 
     s = _from_obj("all", data, attention_mask, lengths)
     if id_lengths is None and ood_lengths is None:
@@ -213,10 +214,19 @@ def resolve_sets(
         sets["all"] = id_set
     if is_ood.any():
         sets["OOD"] = s.subset(is_ood.nonzero().flatten(), "OOD")
-    return _ordered(sets)
+    return _ordered(sets, model)
 
 
-def _ordered(sets: dict[str, SequenceSet]) -> dict[str, SequenceSet]:
+def _ordered(sets: dict[str, SequenceSet], model=None) -> dict[str, SequenceSet]:
+    """Non-empty sets in a fixed order, each cut to what `model` can read.
+
+    A learned-APE model cannot read past its table (n_ctx): longer sequences are left out
+    (counted in `n_not_readable`), and a split left empty (usually OOD) is absent.
+    """
+    if model is not None:
+        from nopeinterp.evaluation import max_positions
+
+        sets = {k: v.readable_by(max_positions(model)) for k, v in sets.items()}
     order = ["fit", "val", "ID", "OOD", "all"]
     out = {k: sets[k] for k in order if k in sets and len(sets[k])}
     out.update({k: v for k, v in sets.items() if k not in out and len(v)})

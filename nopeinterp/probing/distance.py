@@ -274,11 +274,6 @@ def distance_dependence(
         n_eval=n_eval,
         seed=seed,
     )
-    from nopeinterp.evaluation import max_positions
-
-    # learned APE: only the sequences it can read
-    sets = {k: v.readable_by(max_positions(model)) for k, v in sets.items()}
-    sets = {k: v for k, v in sets.items() if len(v)}
     if not sets:
         raise ValueError("no sequences this model can read")
     hooks = {

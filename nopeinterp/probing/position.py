@@ -396,18 +396,6 @@ def probe_position(
         n_eval=n_eval,
         seed=seed,
     )
-    # A learned-APE model cannot read past its table: those sequences are left out (and
-    # counted in meta["not_readable_*"]); an OOD split that empties is simply absent.
-    from nopeinterp.evaluation import max_positions
-
-    not_readable = {}
-    for name in list(sets):
-        readable = sets[name].readable_by(max_positions(model))
-        if len(readable) < len(sets[name]):
-            not_readable[f"not_readable_{name}"] = len(sets[name]) - len(readable)
-            sets[name] = readable
-        if not len(sets[name]):
-            del sets[name]
     if "ID" not in sets:
         raise ValueError("no held-out ID sequences to evaluate the probe on")
     train_masks = [sets[n].attention_mask for n in ("fit", "val")]
@@ -430,7 +418,7 @@ def probe_position(
         "alphas": list(alphas),
         "seed": seed,
         "title": title,
-        **not_readable,
+        **{f"not_readable_{k}": v.n_not_readable for k, v in sets.items() if v.n_not_readable},
         **{f"n_seq_{k}": len(v) for k, v in sets.items()},
         **{f"n_tok_{k}": v.n_tokens for k, v in sets.items()},
     }

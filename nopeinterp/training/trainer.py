@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from nopeinterp.checkpoint import _atomic_write, save_checkpoint
 from nopeinterp.errors import NopeinterpError
-from nopeinterp.evaluation import exact_match, sequence_length
+from nopeinterp.evaluation import exact_match
 from nopeinterp.models import build_model
 from nopeinterp.tasks import encode_examples, get_task, task_tokenizer
 
@@ -96,9 +96,13 @@ def train(config: TrainConfig) -> Path:
     state_path = out.with_name(out.name + ".state.pt")
     task = get_task(cfg.task, **cfg.task_options)
     tokenizer = task_tokenizer(task)
-    # n_ctx: the longest ID sequence (what a learned APE table must cover).
-    longest = task.generate(64, lengths=task.id_lengths[1], seed=cfg.seed, split="train")
-    n_ctx = max(sequence_length(tokenizer, e) for e in longest) + 2
+    val_examples = task.generate(cfg.eval_n, seed=cfg.seed, split="val")
+    # n_ctx: the longest ID sequence, what a learned APE table must cover (only APE uses it).
+    # Measured on many samples at the longest ID length plus the validation set itself.
+    longest = task.generate(1000, lengths=task.id_lengths[1], seed=cfg.seed, split="train")
+    n_ctx = (
+        int(encode_examples(tokenizer, [*longest, *val_examples]).attention_mask.sum(1).max()) + 2
+    )
     model = build_model(
         cfg.pe,
         n_layers=cfg.n_layers,
@@ -133,8 +137,6 @@ def train(config: TrainConfig) -> Path:
         )
     elif cfg.resume and out.exists():
         raise NopeinterpError(f"{out} exists and has no training state: that run already finished")
-
-    val_examples = task.generate(cfg.eval_n, seed=cfg.seed, split="val")
 
     def save_state(step):
         state = {
