@@ -9,6 +9,7 @@ positions as it would unpadded.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import pandas as pd
@@ -134,9 +135,13 @@ def evaluate(
         split = "ID" if id_lo <= length <= id_hi else "OOD"
         if not task.has_length(length):
             continue
-        examples = task.generate(
-            n, lengths=length, seed=seed, split="val" if split == "ID" else "test"
-        )
+        try:
+            examples = task.generate(
+                n, lengths=length, seed=seed, split="val" if split == "ID" else "test"
+            )
+        except ValueError as err:  # e.g. SCAN length 1: no held-out command of that length
+            warnings.warn(f"evaluate: skipping length {length}: {err}", stacklevel=2)
+            continue
         row = {
             "model": name,
             "pe": ckpt.pe,

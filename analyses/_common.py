@@ -1,0 +1,155 @@
+"""Shared helpers of the analysis scripts: finding checkpoints, and writing tables and figures.
+
+Every script in analyses/ is `python analyses/<name>.py [--checkpoints DIR] [--quick] [--out DIR]`
+and writes into analyses/results/ by default. Nothing here computes a result: the numbers come
+from nopeinterp's own functions, these helpers only find inputs and write outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "analyses" / "results"
+PE_ORDER = ("nope", "t5", "alibi", "rotary", "sinusoidal", "ape")
+# <task>-<pe>.pt, or <task>-<pe>-seed<k>.pt for further seeds (NoPE-prime: <task>-nope-seed1.pt)
+_NAME = re.compile(rf"^(?P<task>.+?)-(?P<pe>{'|'.join(PE_ORDER)})(?:-seed(?P<seed>\d+))?$")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    name: str  # file stem, e.g. "scan-nope-seed1"
+    task: str
+    pe: str
+    seed: int
+    in_progress: bool  # a <name>.pt.state.pt beside it: still training (best-so-far weights)
+
+    def load(self):
+        from nopeinterp.checkpoint import load_checkpoint
+
+        return load_checkpoint(self.path)
+
+
+def discover(directory, tasks=None) -> list[CheckpointInfo]:
+    """Checkpoints named `<task>-<pe>[-seed<k>].pt` in `directory`, by task, PE order, seed.
+
+    Files that do not follow the pattern (and training state files) are ignored. The seed is
+    the one in the name (`-seed<k>`), else 0.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise SystemExit(f"no checkpoint directory {directory}: see checkpoints/README.md")
+    found = []
+    for p in sorted(directory.glob("*.pt")):
+        if p.name.endswith(".state.pt"):
+            continue
+        m = _NAME.match(p.stem)
+        if not m or (tasks and m["task"] not in tasks):
+            continue
+        found.append(
+            CheckpointInfo(
+                path=p,
+                name=p.stem,
+                task=m["task"],
+                pe=m["pe"],
+                seed=int(m["seed"] or 0),
+                in_progress=p.with_name(p.name + ".state.pt").exists(),
+            )
+        )
+    if not found:
+        raise SystemExit(f"no <task>-<pe>.pt checkpoints in {directory}")
+    found.sort(key=lambda c: (c.task, PE_ORDER.index(c.pe), c.seed))
+    in_progress = [c.name for c in found if c.in_progress]
+    if in_progress:
+        print(f"note: still training (best-so-far weights): {', '.join(in_progress)}")
+    return found
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--checkpoints", default=str(ROOT / "checkpoints"), help="checkpoint folder")
+    p.add_argument("--quick", action="store_true", help="few examples: a smoke run, not results")
+    p.add_argument("--out", default=str(RESULTS), help="results folder (analyses/results/)")
+    p.add_argument("--tasks", default=None, help="comma-separated task filter, e.g. scan,copy")
+    p.add_argument("--progress", action="store_true", help="show progress bars")
+    return p
+
+
+def task_filter(args) -> list[str] | None:
+    return [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.4g}"
+    return str(v).replace("|", "\\|")
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    """A GitHub markdown table (pandas' to_markdown needs `tabulate`, which we do not need)."""
+    cols = [str(c) for c in df.columns]
+    numeric = [pd.api.types.is_numeric_dtype(df[c]) for c in df.columns]
+    lines = [
+        "| " + " | ".join(cols) + " |",
+        "|" + "|".join("---:" if n else "---" for n in numeric) + "|",
+    ]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(df: pd.DataFrame, out_dir, name: str, *, title=None, notes=None) -> list[Path]:
+    """`<name>.csv` (the full frame) and `<name>.md` (title, notes, the markdown table)."""
+    from nopeinterp.viz.html import atomic_write_text
+
+    out_dir = Path(out_dir)
+    text = (f"# {title}\n\n" if title else "") + (f"{notes.strip()}\n\n" if notes else "")
+    return [
+        atomic_write_text(out_dir / f"{name}.csv", df.to_csv(index=False)),
+        atomic_write_text(out_dir / f"{name}.md", text + to_markdown(df)),
+    ]
+
+
+_PNG = {"checked": False, "ok": False, "why": ""}
+
+
+def write_figure(fig, out_dir, name: str) -> list[Path]:
+    """`<name>.html` (offline, plotly.js inlined) and `<name>.png` if kaleido works here."""
+    from nopeinterp.viz.html import save_figure
+
+    out_dir = Path(out_dir)
+    paths = [save_figure(fig, out_dir / f"{name}.html")]
+    if not _PNG["checked"]:
+        _PNG["checked"] = True
+        try:
+            import kaleido  # noqa: F401
+
+            _PNG["ok"] = True
+        except ImportError:
+            _PNG["why"] = "kaleido is not installed"
+            print(f"note: no PNG figures ({_PNG['why']}); the HTML figures work offline")
+    if _PNG["ok"]:
+        try:
+            fig.write_image(out_dir / f"{name}.png", scale=2)
+            paths.append(out_dir / f"{name}.png")
+        except Exception as err:  # kaleido present but unable to render (e.g. no browser)
+            _PNG["ok"] = False
+            print(f"note: no PNG figures (kaleido failed: {str(err).splitlines()[0]})")
+    return paths
+
+
+def print_written(paths) -> None:
+    print("\nwritten:")
+    for p in paths:
+        try:
+            p = Path(p).resolve().relative_to(Path.cwd().resolve())
+        except ValueError:
+            pass
+        print(f"  {p}")

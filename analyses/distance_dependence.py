@@ -1,0 +1,185 @@
+"""Theorem 2 on trained models: how much attention logits depend on relative distance, per PE,
+and where attention goes (the paper's "NoPE and T5 attention is bimodal" observation).
+
+    python analyses/distance_dependence.py [--checkpoints checkpoints] [--quick]
+
+For every checkpoint, `nopeinterp.probing.distance_dependence_checkpoint` on `n_eval` ID (val
+pool) and OOD (test pool) sequences: per (split, layer, head) the R2 of the least-squares fit
+logit[n, m] ~ a_row + f(n - m) over the valid causal cells (1 = the head's logits are a
+function of relative distance only), and the attention mass per distance d = n - m (mean over
+query rows, summing to 1 over d: the attention-distance histogram).
+
+Mass summary per (checkpoint, split, layer), mean over heads, read off that histogram: `near`
+= mass at d <= 1, `far` = mass at d >= D/2 with D the longest distance in the split, `middle`
+= the rest. A bimodal head puts its mass in `near` and `far` both. (The histogram pools rows of
+all lengths, so `far` is a distance in tokens, not "the far half of each row"; see the report.)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import discover, parser, print_written, task_filter, write_figure, write_table  # noqa: E402
+
+IDENT = ["checkpoint", "task", "pe", "seed"]
+
+
+def mass_summary(mass: pd.DataFrame) -> pd.DataFrame:
+    """near (d <= 1), middle, far (d >= D/2) attention mass, mean over heads."""
+    m = mass.copy()
+    d_max = m.groupby(IDENT + ["split"])["distance"].transform("max")
+    m["band"] = "middle"
+    m.loc[m["distance"] >= d_max / 2, "band"] = "far"
+    m.loc[m["distance"] <= 1, "band"] = "near"
+    per_head = m.groupby(IDENT + ["split", "layer", "head", "band"])["mass"].sum()
+    wide = per_head.unstack("band").reindex(columns=["near", "middle", "far"]).fillna(0.0)
+    out = wide.groupby(IDENT + ["split", "layer"], sort=False).mean().reset_index()
+    longest = m.groupby(IDENT + ["split"], sort=False)["distance"].max().rename("max_distance")
+    return out.merge(longest.reset_index(), on=IDENT + ["split"], how="left")
+
+
+def score_figure(table: pd.DataFrame):
+    """Score per layer per PE: mean over heads (line), max over heads (dotted); ID / OOD."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    tasks = list(dict.fromkeys(table["task"]))
+    splits = list(dict.fromkeys(table["split"]))
+    fig = make_subplots(
+        rows=len(tasks),
+        cols=len(splits),
+        subplot_titles=[f"{t} {s}" for t in tasks for s in splits],
+    )
+    names = list(dict.fromkeys(table["checkpoint"]))
+    colors = {n: qualitative.Plotly[i % 10] for i, n in enumerate(names)}
+    agg = table.groupby(IDENT + ["split", "layer"], sort=False)["score"].agg(["mean", "max"])
+    agg = agg.reset_index()
+    shown = set()
+    for row, task in enumerate(tasks, start=1):
+        for col, split in enumerate(splits, start=1):
+            t = agg[(agg.task == task) & (agg.split == split)]
+            for name, g in t.groupby("checkpoint", sort=False):
+                for stat, dash in (("mean", None), ("max", "dot")):
+                    label = f"{name} ({stat} over heads)"
+                    fig.add_trace(
+                        go.Scatter(
+                            x=g.layer, y=g[stat], name=label, legendgroup=label,
+                            showlegend=label not in shown, mode="lines+markers",
+                            line=dict(color=colors[name], dash=dash),
+                        ),
+                        row=row, col=col,
+                    )  # fmt: skip
+                    shown.add(label)
+            fig.update_xaxes(title_text="layer (block)", dtick=1, row=row, col=col)
+            fig.update_yaxes(range=[-0.05, 1.05], row=row, col=col)
+    fig.update_layout(
+        title="Distance dependence of attention logits (R² of logit ~ row + f(n-m))",
+        height=380 * len(tasks), template="plotly_white",
+    )  # fmt: skip
+    return fig
+
+
+def histogram_figure(mass: pd.DataFrame):
+    """Attention mass by distance, mean over heads: one panel per (task, layer), line per PE."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    m = mass.groupby(IDENT + ["split", "layer", "distance"], sort=False)["mass"].mean()
+    m = m.reset_index()
+    panels = list(dict.fromkeys(zip(m.task, m.layer, strict=True)))
+    fig = make_subplots(
+        rows=len(panels), cols=1, subplot_titles=[f"{t}, layer {lay}" for t, lay in panels],
+        vertical_spacing=0.2 / max(len(panels), 1),
+    )  # fmt: skip
+    names = list(dict.fromkeys(m["checkpoint"]))
+    colors = {n: qualitative.Plotly[i % 10] for i, n in enumerate(names)}
+    shown = set()
+    for row, (task, layer) in enumerate(panels, start=1):
+        t = m[(m.task == task) & (m.layer == layer)]
+        for (name, split), g in t.groupby(["checkpoint", "split"], sort=False):
+            label = f"{name} ({split})"
+            fig.add_trace(
+                go.Scatter(
+                    x=g.distance, y=g.mass, name=label, legendgroup=label, mode="lines",
+                    showlegend=label not in shown,
+                    line=dict(color=colors[name], dash="dash" if split == "OOD" else None),
+                ),
+                row=row, col=1,
+            )  # fmt: skip
+            shown.add(label)
+        fig.update_yaxes(title_text="attention", row=row, col=1)
+    fig.update_xaxes(title_text="distance n - m", row=len(panels), col=1)
+    fig.update_layout(
+        title="Attention mass by distance (mean over heads and query rows; OOD dashed)",
+        height=260 * len(panels), template="plotly_white",
+    )  # fmt: skip
+    return fig
+
+
+def main(argv=None) -> list[Path]:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--n-eval", type=int, default=None, help="sequences per split (128; --quick 16)")
+    args = p.parse_args(argv)
+    n_eval = args.n_eval or (16 if args.quick else 128)
+    from nopeinterp.probing import distance_dependence_checkpoint
+
+    tables, masses = [], []
+    for info in discover(args.checkpoints, task_filter(args)):
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = distance_dependence_checkpoint(info.load(), n_eval=n_eval, progress=args.progress)
+        ident = {"checkpoint": info.name, "task": info.task, "pe": info.pe, "seed": info.seed}
+        tables.append(result.table.assign(**ident))
+        masses.append(result.mass.assign(**ident))
+        print(
+            f"  scored {info.name} in {time.perf_counter() - t0:.1f} s "
+            f"({time.process_time() - c0:.1f} s CPU)",
+            flush=True,
+        )
+    table = pd.concat(tables, ignore_index=True)
+    table = table[IDENT + [c for c in table.columns if c not in IDENT]]
+    mass = pd.concat(masses, ignore_index=True)
+    mass = mass[IDENT + [c for c in mass.columns if c not in IDENT]]
+    wide = table.pivot_table(
+        index=IDENT + ["split", "layer"], columns="head", values="score", sort=False
+    )
+    wide.columns = [f"head {h}" for h in wide.columns]
+    wide = wide.assign(mean=wide.mean(axis=1), max=wide.max(axis=1)).reset_index()
+    bands = mass_summary(mass)
+
+    pd.set_option("display.width", 250)
+    fmt = {"float_format": lambda v: f"{v:.3f}", "index": False}
+    print("\n== Distance-dependence score per layer and head (1 = logits depend on n-m only) ==")
+    print(wide.to_string(**fmt))
+    print("\n== Attention mass: near (d<=1) / middle / far (d >= D/2), mean over heads ==")
+    print(bands.to_string(**fmt))
+    out = Path(args.out)
+    quick = " QUICK RUN (--quick): too few sequences for conclusions." if args.quick else ""
+    setting = f"{n_eval} ID and {n_eval} OOD sequences per checkpoint.{quick}"
+    paths = [
+        *write_table(table, out, "distance_dependence_tidy", title="Distance dependence (tidy)",
+                     notes=setting),
+        *write_table(wide, out, "distance_dependence",
+                     title="Distance-dependence score (R2 of logit ~ row offset + f(n-m)) per head",
+                     notes=setting),
+        *write_table(mass, out, "attention_distance_histogram",
+                     title="Attention mass per distance (histogram data)", notes=setting),
+        *write_table(bands, out, "attention_distance_bands",
+                     title="Attention mass near (d<=1), middle, far (d >= D/2)",
+                     notes=setting + " D = the longest distance in the split; mass summed over "
+                     "those distances, mean over heads; rows of all lengths pooled."),
+        *write_figure(score_figure(table), out, "distance_dependence"),
+        *write_figure(histogram_figure(mass), out, "attention_distance_histogram"),
+    ]  # fmt: skip
+    print_written(paths)
+    return paths
+
+
+if __name__ == "__main__":
+    main()

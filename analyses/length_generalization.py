@@ -1,0 +1,181 @@
+"""Length generalization: exact match per length and PE, ID vs OOD, and the paper's MRR.
+
+    python analyses/length_generalization.py [--checkpoints checkpoints] [--quick] [--n 100]
+
+Every checkpoint `<task>-<pe>[-seed<k>].pt` is evaluated with `nopeinterp.evaluation.evaluate`
+(greedy decoding, exact match, `n` examples per length: ID lengths from the val pool, OOD
+lengths from the test pool) and summarised with `summarize` (ID / OOD accuracy, weighted by
+examples). Mean reciprocal rank as in the paper: each (task, seed) is one split; within it the
+PEs are ranked by OOD accuracy (rank 1 = best, ties get their average rank), and a PE's MRR is
+the mean of 1/rank over the splits. A split is used only if it has every PE of its task (a
+lone NoPE-prime seed would otherwise rank first by default). A learned-APE model that cannot
+read the OOD lengths (accuracy NaN, "not evaluable") ranks as accuracy 0.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    PE_ORDER,
+    discover,
+    parser,
+    print_written,
+    task_filter,
+    write_figure,
+    write_table,
+)
+
+# Kazemnejad et al. 2023, aggregate MRR over 17 task splits x 3 seeds (their APE is sinusoidal)
+PAPER_MRR = {"nope": 0.69, "t5": 0.55, "alibi": 0.50, "rotary": 0.33, "sinusoidal": 0.22}
+
+
+def mean_reciprocal_rank(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(ranks per split, MRR per PE) from a summary with task, seed, pe, split, accuracy."""
+    ood = summary[summary["split"] == "OOD"].copy()
+    ood["ood_accuracy"] = ood["accuracy"].fillna(0.0)
+    pes_per_task = ood.groupby("task")["pe"].agg(lambda s: frozenset(s))
+    ranks = []
+    for (task, _seed), g in ood.groupby(["task", "seed"], sort=True):
+        if frozenset(g["pe"]) != pes_per_task[task] or g["pe"].duplicated().any():
+            continue
+        g = g.assign(rank=g["ood_accuracy"].rank(ascending=False, method="average"))
+        ranks.append(g[["task", "seed", "pe", "model", "ood_accuracy", "rank"]])
+    if not ranks:
+        return pd.DataFrame(columns=["task", "seed", "pe", "model", "ood_accuracy", "rank"]), (
+            pd.DataFrame(columns=["pe", "mrr", "n_splits", "paper_mrr"])
+        )
+    ranks = pd.concat(ranks, ignore_index=True)
+    ranks["reciprocal_rank"] = 1.0 / ranks["rank"]
+    mrr = (
+        ranks.groupby("pe", sort=False)["reciprocal_rank"]
+        .agg(mrr="mean", n_splits="count")
+        .reset_index()
+        .sort_values("mrr", ascending=False, kind="stable")
+    )
+    mrr["paper_mrr"] = mrr["pe"].map(PAPER_MRR)
+    return ranks, mrr.reset_index(drop=True)
+
+
+def figure(table: pd.DataFrame):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    tasks = list(dict.fromkeys(table["task"]))
+    fig = make_subplots(rows=len(tasks), cols=1, subplot_titles=tasks, vertical_spacing=0.12)
+    for row, task in enumerate(tasks, start=1):
+        t = table[table["task"] == task]
+        for model, g in t.groupby("model", sort=False):
+            g = g.sort_values("length")
+            fig.add_trace(
+                go.Scatter(x=g["length"], y=g["accuracy"], mode="lines+markers", name=model),
+                row=row,
+                col=1,
+            )
+        id_len = t.loc[t["split"] == "ID", "length"]
+        if len(id_len):
+            fig.add_vrect(
+                x0=id_len.min() - 0.5, x1=id_len.max() + 0.5, fillcolor="lightgray",
+                opacity=0.35, line_width=0, row=row, col=1,
+            )  # fmt: skip
+        fig.update_yaxes(title_text="exact match", range=[-0.05, 1.05], row=row, col=1)
+    fig.update_xaxes(title_text="length (grey: training lengths)", row=len(tasks), col=1)
+    fig.update_layout(
+        title="Exact match vs length", height=380 * len(tasks), template="plotly_white"
+    )
+    return fig
+
+
+def evaluate_available(info, n: int, progress: bool) -> tuple[pd.DataFrame, list[int]]:
+    """`evaluate` one length at a time, skipping lengths whose held-out pool is empty.
+
+    (`evaluate` over all lengths raises on such a length: SCAN has no val-split command of
+    length 1 under the train/held-out partition.)
+    """
+    from nopeinterp.evaluation import evaluate
+    from nopeinterp.tasks import get_task
+
+    ckpt = info.load()
+    task = get_task(ckpt.meta["task"], **ckpt.meta.get("task_options", {}))
+    tables, skipped = [], []
+    for length in [*task.split_lengths("train"), *task.split_lengths("test")]:
+        if not task.has_length(length):
+            continue
+        try:
+            tables.append(evaluate(ckpt, lengths=[length], n=n, name=info.name, progress=progress))
+        except ValueError as err:
+            if "examples" not in str(err):  # only "no ... examples ... for lengths"
+                raise
+            skipped.append(length)
+    return pd.concat(tables, ignore_index=True), skipped
+
+
+def main(argv=None) -> list[Path]:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=None, help="examples per length (100; --quick 10)")
+    args = p.parse_args(argv)
+    n = args.n or (10 if args.quick else 100)
+    from nopeinterp.evaluation import summarize
+
+    infos = discover(args.checkpoints, task_filter(args))
+    tables = []
+    for info in infos:
+        t0, c0 = time.perf_counter(), time.process_time()
+        t, skipped = evaluate_available(info, n, args.progress)
+        tables.append(t.assign(seed=info.seed))
+        if skipped:
+            print(f"  note: {info.name}: no held-out examples at lengths {skipped}: skipped")
+        print(
+            f"  evaluated {info.name} in {time.perf_counter() - t0:.1f} s "
+            f"({time.process_time() - c0:.1f} s CPU)",
+            flush=True,
+        )
+    table = pd.concat(tables, ignore_index=True)
+    seeds = table[["model", "task", "seed"]].drop_duplicates()
+    summary = summarize(table).merge(seeds, on="model")
+    wide = (
+        summary.pivot_table(
+            index=["task", "model", "pe", "seed"], columns="split", values="accuracy"
+        )
+        .reindex(columns=["ID", "OOD"])
+        .reset_index()
+    )
+    wide.columns.name = None
+    wide["_pe"] = wide["pe"].map(PE_ORDER.index)
+    wide = wide.sort_values(["task", "seed", "_pe"]).drop(columns="_pe").reset_index(drop=True)
+    ranks, mrr = mean_reciprocal_rank(summary)
+
+    pd.set_option("display.width", 200)
+    print(f"\n== Exact match, {n} examples per length: ID / OOD (mean over lengths) ==")
+    print(wide.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print("\n== Mean reciprocal rank of OOD accuracy (rank 1 = best; paper_mrr: the paper's) ==")
+    print(mrr.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+    out = Path(args.out)
+    setting = f"{n} examples per length, greedy decoding, exact match." + (
+        " QUICK RUN (--quick): too few examples for conclusions." if args.quick else ""
+    )
+    paths = [
+        *write_table(table, out, "length_generalization_by_length",
+                     title="Exact match per length", notes=setting),
+        *write_table(wide, out, "length_generalization",
+                     title="Exact match, ID vs OOD (mean over lengths)", notes=setting),
+        *write_table(ranks, out, "length_generalization_ranks",
+                     title="OOD-accuracy rank of each PE per (task, seed) split", notes=setting),
+        *write_table(mrr, out, "length_generalization_mrr",
+                     title="Mean reciprocal rank of OOD accuracy",
+                     notes=setting + " paper_mrr: Kazemnejad et al. 2023 (17 splits x 3 seeds; "
+                     "their APE is sinusoidal)."),
+        *write_figure(figure(table), out, "length_generalization"),
+    ]  # fmt: skip
+    print_written(paths)
+    return paths
+
+
+if __name__ == "__main__":
+    main()

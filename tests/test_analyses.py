@@ -1,0 +1,175 @@
+"""The analysis scripts (analyses/*.py), end to end with --quick on tiny untrained checkpoints.
+
+The numbers are meaningless (untrained models); this checks that every script runs, writes its
+tables (CSV + markdown) and figures (HTML), and that the tables have the documented columns.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from nopeinterp import build_model, save_checkpoint
+from nopeinterp.tasks import get_task, task_tokenizer
+
+ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
+TASK_OPTIONS = {
+    "copy": {"id_lengths": [2, 3], "ood_lengths": [4, 5]},
+    "scan": {"id_lengths": [1, 2], "ood_lengths": [3, 4]},
+}
+MODELS = {
+    "copy": [("nope", "nope", 0), ("nope-seed1", "nope", 1), ("t5", "t5", 0), ("ape", "ape", 0)],
+    "scan": [
+        ("nope", "nope", 0),
+        ("nope-seed1", "nope", 1),
+        ("t5", "t5", 0),
+        ("alibi", "alibi", 0),
+    ],
+}
+
+
+def load_script(name: str):
+    sys.path.insert(0, str(ANALYSES))
+    spec = importlib.util.spec_from_file_location(f"analyses_{name}", ANALYSES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("ckpts")
+    for task_name, models in MODELS.items():
+        options = TASK_OPTIONS[task_name]
+        tok = task_tokenizer(get_task(task_name, **options))
+        for name, pe, seed in models:
+            n_ctx = 10 if pe == "ape" else 48  # copy: ID sequences fit in 10 tokens, OOD do not
+            model = build_model(pe, n_layers=2, n_heads=2, d_model=16, d_vocab=len(tok),
+                                n_ctx=n_ctx, seed=seed, tokenizer=tok)  # fmt: skip
+            save_checkpoint(model, directory / f"{task_name}-{name}.pt", task=task_name,
+                            task_options=options, seed=seed)  # fmt: skip
+    (directory / "notes.pt.state.pt").write_bytes(b"")  # ignored: not <task>-<pe>.pt
+    return directory
+
+
+def run(name, ckpt_dir, out, *extra):
+    paths = load_script(name).main(
+        ["--checkpoints", str(ckpt_dir), "--quick", "--out", str(out), *extra]
+    )
+    for p in paths:
+        assert Path(p).exists() and Path(p).stat().st_size > 0, p
+    return {Path(p).name for p in paths}
+
+
+def read(out, name):
+    csv = pd.read_csv(out / f"{name}.csv")
+    md = (out / f"{name}.md").read_text()
+    assert md.count("\n|") >= 2 and all(str(c) in md for c in csv.columns)
+    return csv
+
+
+def test_discover(ckpt_dir):
+    common = load_script("_common")
+    found = common.discover(ckpt_dir)
+    assert [(c.task, c.pe, c.seed) for c in found][:4] == [
+        ("copy", "nope", 0), ("copy", "nope", 1), ("copy", "t5", 0), ("copy", "ape", 0)
+    ]  # fmt: skip
+    assert {c.task for c in common.discover(ckpt_dir, ["scan"])} == {"scan"}
+
+
+def test_markdown_formatter():
+    common = load_script("_common")
+    text = common.to_markdown(pd.DataFrame({"a": ["x|y", "z"], "b": [0.123456, math.nan]}))
+    assert text.splitlines() == ["| a | b |", "|---|---:|", "| x\\|y | 0.1235 |", "| z |  |"]
+
+
+def test_mrr_ranks_ties_and_incomplete_splits():
+    mod = load_script("length_generalization")
+    rows = [  # two splits; copy seed 1 has only NoPE and must not count
+        ("copy", 0, "nope", 0.9), ("copy", 0, "t5", 0.5), ("copy", 0, "ape", float("nan")),
+        ("scan", 0, "nope", 0.2), ("scan", 0, "t5", 0.2), ("copy", 1, "nope", 0.0),
+    ]  # fmt: skip
+    summary = pd.DataFrame(
+        [
+            dict(task=t, seed=s, pe=p, model=f"{t}-{p}-{s}", split="OOD", accuracy=a)
+            for t, s, p, a in rows
+        ]
+    )
+    ranks, mrr = mod.mean_reciprocal_rank(summary)
+    assert len(ranks) == 5
+    got = dict(zip(mrr.pe, mrr.mrr, strict=True))
+    assert got["nope"] == pytest.approx((1 + 1 / 1.5) / 2)  # rank 1 on copy, tied 1.5 on scan
+    assert got["t5"] == pytest.approx((1 / 2 + 1 / 1.5) / 2)
+    assert got["ape"] == pytest.approx(1 / 3)  # not evaluable = accuracy 0, last
+    assert dict(zip(mrr.pe, mrr.n_splits, strict=True)) == {"nope": 2, "t5": 2, "ape": 1}
+
+
+def test_length_generalization(ckpt_dir, tmp_path, capsys):
+    names = run("length_generalization", ckpt_dir, tmp_path, "--n", "3")
+    assert {"length_generalization.md", "length_generalization.html"} <= names
+    assert "Mean reciprocal rank" in capsys.readouterr().out
+    wide = read(tmp_path, "length_generalization")
+    assert list(wide.columns) == ["task", "model", "pe", "seed", "ID", "OOD"]
+    assert len(wide) == 8
+    per_length = read(tmp_path, "length_generalization_by_length")
+    assert {"model", "pe", "task", "length", "split", "accuracy", "evaluable", "seed"} <= set(
+        per_length
+    )
+    assert not per_length.loc[
+        (per_length.model == "copy-ape") & (per_length.split == "OOD"), "evaluable"
+    ].any()
+    mrr = read(tmp_path, "length_generalization_mrr")
+    assert list(mrr.columns) == ["pe", "mrr", "n_splits", "paper_mrr"]
+    assert set(mrr.pe) == {"nope", "t5", "ape", "alibi"} and mrr.mrr.between(0, 1).all()
+    ranks = read(tmp_path, "length_generalization_ranks")
+    assert set(ranks.seed) == {0}  # the NoPE-prime seed is no split of its own
+
+
+def test_position_probes(ckpt_dir, tmp_path):
+    names = run("position_probes", ckpt_dir, tmp_path, "--tasks", "copy")
+    assert "position_probes.html" in names
+    table = read(tmp_path, "position_probes")
+    assert list(table.columns) == ["checkpoint", "task", "pe", "seed", "model", "layer", "hook",
+                                   "hook_name", "split", "metric", "value", "n"]  # fmt: skip
+    assert set(table.checkpoint) == {"copy-nope", "copy-nope-seed1", "copy-t5", "copy-ape"}
+    assert {"trained", "random_init"} <= set(table.model)
+    assert set(table.layer) == {0, 1, 2}
+    pivot = read(tmp_path, "position_probes_pivot")
+    assert {"checkpoint", "pe", "layer", "ID r2", "ID mae", "ID r2 [random_init]"} <= set(pivot)
+
+
+def test_distance_dependence(ckpt_dir, tmp_path):
+    names = run("distance_dependence", ckpt_dir, tmp_path, "--tasks", "scan")
+    assert {"distance_dependence.html", "attention_distance_histogram.html"} <= names
+    wide = read(tmp_path, "distance_dependence")
+    assert list(wide.columns) == ["checkpoint", "task", "pe", "seed", "split", "layer",
+                                  "head 0", "head 1", "mean", "max"]  # fmt: skip
+    assert set(wide.split) == {"ID", "OOD"}
+    bands = read(tmp_path, "attention_distance_bands")
+    assert {"near", "middle", "far", "max_distance"} <= set(bands)
+    total = bands[["near", "middle", "far"]].sum(axis=1)
+    assert total.to_numpy() == pytest.approx(1.0, abs=1e-6)  # the histogram sums to 1
+    hist = read(tmp_path, "attention_distance_histogram")
+    assert {"checkpoint", "pe", "split", "layer", "head", "distance", "mass"} <= set(hist)
+
+
+def test_attention_similarity(ckpt_dir, tmp_path, capsys):
+    names = run("attention_similarity", ckpt_dir, tmp_path, "--n-boot", "50")
+    assert {"attention_similarity_jsd.html", "attention_similarity_paper_jsd.html"} <= names
+    assert "ranked by true JSD" in capsys.readouterr().out
+    table = read(tmp_path, "attention_similarity")
+    assert list(table.columns[:4]) == ["ref", "layer", "split", "n"]
+    for stat in ("mean", "ci_low", "ci_high"):
+        assert {f"jsd_{stat}", f"paper_jsd_{stat}"} <= set(table)
+    assert set(table.ref) == {"t5", "alibi", "nope_prime"}
+    assert set(table.layer.astype(str)) == {"0", "1", "all"}
+    assert (table.jsd_mean <= math.log(2) + 1e-9).all()  # the true JSD is bounded by ln 2
+    ranking = read(tmp_path, "attention_similarity_ranking")
+    assert {"split", "jsd_rank", "ref", "jsd_mean", "paper_jsd_rank", "paper_reported"} <= set(
+        ranking
+    )
