@@ -37,6 +37,7 @@ def load_script(name: str):
     sys.path.insert(0, str(ANALYSES))
     spec = importlib.util.spec_from_file_location(f"analyses_{name}", ANALYSES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

@@ -1,0 +1,196 @@
+"""How attention capture and divergence scale with sequence length.
+
+At lengths 32, 64, 128, 256, 512 (random tokens, batch of 8, two random 4-layer 4-head
+d_model 128 models, NoPE and T5):
+  capture     attention_patterns(model, tokens): one teacher-forced pass caching every
+              layer's pattern [B, H, T, T]
+  divergence  attention_divergence(nope, t5, tokens): both passes + head-pair JSD + min
+Per example: median wall time, and peak memory = the process's peak RSS during the calls
+(VmHWM, reset through /proc/self/clear_refs before each length) minus its RSS before them. Each kind runs in a fresh subprocess that goes
+through the lengths in increasing order (memory grows with length, so each new peak is
+that length's), so neither kind's allocations pollute the other's.
+The growth exponent k of y ~ T^k is the least-squares slope of log y on log T (memory: over
+the lengths >= 128, where the T^2 pattern term dominates allocator noise). Patterns are T^2
+per head, so k ~ 2 is expected for both; the rows' target (<= 2.2) is a sanity check, not
+from the issue.
+
+    python -m bench.scaling [--quick] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench._common import machine_line, print_rows, row
+
+FULL = dict(lengths=(32, 64, 128, 256, 512), batch=8, repeats=3, n_layers=4, d_model=128)
+QUICK = dict(lengths=(8, 16, 32), batch=2, repeats=1, n_layers=1, d_model=32)
+KINDS = ("capture", "divergence")
+TARGET = 2.2
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak() -> bool:
+    """Reset this process's peak RSS (VmHWM) so the next reading is this call's own peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _measure(kind: str, cfg: dict) -> list[dict]:
+    """In this process: per length, time and peak-RSS growth per example."""
+    from nopeinterp.models import build_model
+    from nopeinterp.similarity import attention_divergence, attention_patterns
+
+    arch = dict(n_layers=cfg["n_layers"], n_heads=4, d_model=cfg["d_model"], d_vocab=64, n_ctx=64)
+    a, b = build_model("nope", seed=0, **arch), build_model("t5", seed=1, **arch)
+    B = cfg["batch"]
+    g = torch.Generator().manual_seed(0)
+
+    def call(tokens):
+        if kind == "capture":
+            return attention_patterns(a, tokens)
+        return attention_divergence(a, b, tokens, batch_size=B, progress=False)
+
+    call(torch.randint(0, 64, (B, 8), generator=g))  # warm-up: lazy init, code paths
+    out = []
+    for T in cfg["lengths"]:
+        tokens = torch.randint(0, 64, (B, T), generator=g)
+        before = _rss()
+        reset = _reset_peak()
+        peak_before = 0 if reset else _peak()
+        times = []
+        for _ in range(cfg["repeats"]):
+            t0 = time.perf_counter()
+            res = call(tokens)
+            times.append(time.perf_counter() - t0)
+            del res
+        peak = _peak()
+        # the peak since the reset over the RSS before (without a reset: only a new peak counts)
+        grow = max(peak - before, 0) if peak > peak_before else 0
+        out.append(
+            {
+                "kind": kind,
+                "length": T,
+                "s_per_example": statistics.median(times) / B,
+                "bytes_per_example": grow / B,
+            }
+        )
+    return out
+
+
+def _child(kind: str, quick: bool) -> None:
+    print(json.dumps(_measure(kind, QUICK if quick else FULL)))
+
+
+def measure(kind: str, quick: bool, isolated: bool = True) -> list[dict]:
+    if not isolated:
+        return _measure(kind, QUICK if quick else FULL)
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [sys.executable, "-m", "bench.scaling", "--child", kind]
+    cmd += ["--threads", str(torch.get_num_threads())] + (["--quick"] if quick else [])
+    out = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def exponent(lengths, values) -> float:
+    x, y = np.log(np.asarray(lengths, float)), np.asarray(values, float)
+    ok = y > 0
+    if ok.sum() < 2:
+        return float("nan")
+    return float(np.polyfit(x[ok], np.log(y[ok]), 1)[0])
+
+
+def run(quick: bool = False, isolated: bool | None = None) -> list[dict]:
+    """Summary rows. `isolated` (default: not quick) measures each kind in a subprocess; the
+    quick smoke run measures in-process to stay fast (its memory figures are then rough)."""
+    if isolated is None:
+        isolated = not quick
+    rows = []
+    for kind in KINDS:
+        res = measure(kind, quick, isolated)
+        L = [r["length"] for r in res]
+        t = [r["s_per_example"] for r in res]
+        m = [r["bytes_per_example"] for r in res]
+        big = [i for i, x in enumerate(L) if x >= (128 if not quick else L[0])]
+        k_t, k_m = exponent(L, t), exponent([L[i] for i in big], [m[i] for i in big])
+        per_len = ", ".join(
+            f"T={x}: {ti * 1e3:.2f} ms {mi / 2**20:.2f} MiB"
+            for x, ti, mi in zip(L, t, m, strict=True)
+        )
+        what = "attention capture" if kind == "capture" else "attention divergence"
+        rows.append(
+            row(
+                f"{what} time/example growth exponent, T {L[0]}..{L[-1]}",
+                k_t,
+                2.0,
+                k_t / 2.0,
+                target=f"<= {TARGET} (sanity)",
+                met=bool(k_t <= TARGET),
+                unit="k in T^k",
+                note=f"per example: {per_len}",
+            )
+        )
+        rows.append(
+            row(
+                f"{what} peak memory/example growth exponent, T {L[big[0]]}..{L[-1]}",
+                k_m,
+                2.0,
+                k_m / 2.0,
+                target=f"<= {TARGET} (sanity)",
+                met=bool(k_m <= TARGET) if k_m == k_m else None,
+                unit="k in T^k",
+                note=f"at T={L[-1]}: {t[-1] * 1e3:.2f} ms, {m[-1] / 2**20:.2f} MiB per example"
+                + ("" if isolated else " (measured in-process)"),
+            )
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--child", choices=KINDS, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.child:
+        _child(args.child, args.quick)
+        return
+    print(machine_line())
+    print_rows("scaling", run(args.quick))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Smoke test of the hand-run benchmarks: each `bench.<module>.run(quick=True)` at a tiny size
+returns summary rows with the expected keys. No timing is asserted (benchmarks are scripts).
+"""
+
+import importlib
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # bench/ is a top-level directory, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from bench import MODULES  # noqa: E402
+from bench._common import ROW_KEYS, format_table  # noqa: E402
+
+
+def check_rows(rows):
+    assert isinstance(rows, list) and rows
+    for r in rows:
+        assert set(ROW_KEYS) <= set(r), r
+        assert isinstance(r["figure"], str) and r["figure"]
+        assert r["met"] in (True, False, None)
+        for key in ("ours", "baseline", "ratio"):
+            assert r[key] is None or isinstance(r[key], int | float)
+        if r["met"] is not None:
+            assert r["ratio"] is not None and not math.isnan(r["ratio"])
+    assert format_table(rows)  # the summary table renders
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if m != "probe"])
+def test_bench_quick(name):
+    mod = importlib.import_module(f"bench.{name}")
+    check_rows(mod.run(quick=True))
+
+
+def test_bench_probe_quick():
+    pytest.importorskip("sklearn")  # the bench extra; CI does not install it
+    mod = importlib.import_module("bench.probe")
+    check_rows(mod.run(quick=True))
