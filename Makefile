@@ -17,7 +17,7 @@ main: $(STAMP)  ## the main job, on the shipped checkpoints
 	$(PY) -m nopeinterp.cli report --checkpoints checkpoints --out $(REPORT)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
