@@ -7,7 +7,7 @@ Two random 4-layer, 4-head, d_model 128 models; 200 sequences of 40 tokens; batc
                      same cached patterns, timed on a small subset and extrapolated per example
 Prints the median of repeats and the speed-up ratios.
 
-    python bench/similarity.py [--repeats 3] [--scipy-examples 2] [--threads N]
+    python -m bench.similarity [--repeats 3] [--scipy-examples 2] [--threads N]
     python -m bench.similarity [--quick]     # the summary rows of `run` (also: python -m bench)
 
 `run(quick)` adds peak RSS at 100 vs 1000 examples, each measured in a fresh subprocess
@@ -23,40 +23,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from scipy.spatial.distance import jensenshannon
 
+from bench._common import cpu_model, median_time
 from nopeinterp.models import build_model
 from nopeinterp.similarity import attention_divergence, attention_patterns, head_pair_divergence
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def scipy_loop(pats_a: dict, pats_b: dict, examples: range) -> np.ndarray:
@@ -104,7 +82,7 @@ def measure(examples=200, length=40, batch_size=32, repeats=3, scipy_examples=2,
             model_a, model_b, tokens, batch_size=batch_size, progress=False
         )
 
-    t_end = median_time(run_ours, repeats)
+    t_end = median_time(run_ours, repeats, warmup=0)
 
     layers = list(range(arch["n_layers"]))
     pats_a = attention_patterns(model_a, tokens, layers=layers)
@@ -118,10 +96,10 @@ def measure(examples=200, length=40, batch_size=32, repeats=3, scipy_examples=2,
                 sl = slice(s, s + batch_size)
                 head_pair_divergence(pats_a[layer][sl], pats_b[layer][sl], valid[sl]).amin((1, 2))
 
-    t_core = median_time(run_core, repeats)
+    t_core = median_time(run_core, repeats, warmup=0)
 
     subset = range(scipy_examples)
-    t_scipy = median_time(lambda: scipy_loop(pats_a, pats_b, subset), repeats)
+    t_scipy = median_time(lambda: scipy_loop(pats_a, pats_b, subset), repeats, warmup=0)
     ref = scipy_loop(pats_a, pats_b, subset)
     ours = frame["value"].to_numpy().reshape(n, -1)[: len(subset)]
     return {
