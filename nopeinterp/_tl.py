@@ -10,7 +10,7 @@ import contextlib
 import warnings
 
 from transformer_lens import ActivationCache, HookedTransformer, HookedTransformerConfig
-from transformer_lens.components import Attention
+from transformer_lens.components import Attention, LayerNorm, TransformerBlock
 from transformer_lens.hook_points import HookPoint
 
 
@@ -29,5 +29,7 @@ __all__ = [
     "HookPoint",
     "HookedTransformer",
     "HookedTransformerConfig",
+    "LayerNorm",
+    "TransformerBlock",
     "tl_deprecation_silenced",
 ]

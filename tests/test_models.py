@@ -92,6 +92,72 @@ def test_same_seed_same_weights(pe, tiny):
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
 
 
+# --- the fast pre-LN path (models/base.py: PEBlock, FusedLayerNorm) vs TransformerLens' own ---
+def _tl_forward_and_grads(model, toks, mask):
+    """Logits and parameter gradients with TL's stock TransformerBlock / LayerNorm forwards."""
+    from unittest import mock
+
+    from nopeinterp._tl import LayerNorm, TransformerBlock
+    from nopeinterp.models.base import FusedLayerNorm, PEBlock
+
+    with (
+        mock.patch.object(PEBlock, "forward", TransformerBlock.forward),
+        mock.patch.object(FusedLayerNorm, "forward", LayerNorm.forward),
+    ):
+        return _forward_and_grads(model, toks, mask)
+
+
+def _forward_and_grads(model, toks, mask):
+    model.zero_grad(set_to_none=True)
+    logits = model(toks, attention_mask=mask)
+    logits.square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return logits.detach(), grads
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_fast_block_matches_transformerlens_forward_and_backward(pe, tiny):
+    model = tiny(pe)
+    toks = tokens(3, N_CTX)
+    mask = torch.ones_like(toks)
+    mask[0, :3] = 0  # left padding, as batched generation uses
+    ours, ours_grads = _forward_and_grads(model, toks, mask)
+    ref, ref_grads = _tl_forward_and_grads(model, toks, mask)
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], ref[real], rtol=1e-5, atol=1e-5)
+    assert ours_grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        torch.testing.assert_close(ours_grads[name], ref_grads[name], rtol=1e-4, atol=1e-6)
+
+
+def test_layernorm_hooks_still_fire_and_carry_tl_values(tiny):
+    model = tiny("nope")
+    toks = tokens(2, N_CTX)
+    names = ("blocks.0.ln1.hook_scale", "blocks.1.ln2.hook_normalized", "ln_final.hook_scale")
+    logits, cache = model.run_with_cache(toks, names_filter=lambda n: n in names)
+    assert set(cache.keys()) == set(names)
+    resid = model.run_with_cache(toks, names_filter="blocks.0.hook_resid_pre")[1]
+    resid = resid["blocks.0.hook_resid_pre"]
+    centred = resid - resid.mean(-1, keepdim=True)
+    scale = (centred.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()
+    torch.testing.assert_close(cache["blocks.0.ln1.hook_scale"], scale)
+    torch.testing.assert_close(logits, model(toks))  # hooked (TL) path = fused path
+
+
+def test_split_qkv_input_falls_back_to_transformerlens(tiny):
+    model = tiny("t5")
+    toks = tokens(2, N_CTX)
+    expected = model(toks)
+    model.set_use_split_qkv_input(True)
+    try:
+        logits, cache = model.run_with_cache(toks, names_filter=lambda n: "hook_q_input" in n)
+        assert "blocks.0.hook_q_input" in cache  # TL's own forward ran
+        torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    finally:
+        model.set_use_split_qkv_input(False)
+
+
 def test_building_does_not_warn(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -14,6 +14,7 @@ Everything else (blocks, MLPs, hooks, caching, generation) is stock TransformerL
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nopeinterp._tl import (
@@ -21,6 +22,8 @@ from nopeinterp._tl import (
     HookedTransformer,
     HookedTransformerConfig,
     HookPoint,
+    LayerNorm,
+    TransformerBlock,
     tl_deprecation_silenced,
 )
 
@@ -57,6 +60,67 @@ class PEAttention(Attention):
         return scores + bias.to(scores.dtype)
 
 
+class FusedLayerNorm(LayerNorm):
+    """TL's LayerNorm as one `F.layer_norm` kernel (same formula: biased variance, eps inside
+    the square root), unless a hook watches its internals (`hook_scale`, `hook_normalized`):
+    then TL's step-by-step forward runs, so caching and patching those points work as before.
+    TL's version is eight elementwise ops, each with its own backward: a tenth of a train step.
+    """
+
+    def forward(self, x):
+        if (
+            self.cfg.dtype not in (torch.float32, torch.float64)
+            or self.hook_scale.has_hooks()
+            or self.hook_normalized.has_hooks()
+        ):
+            return super().forward(x)
+        return F.layer_norm(x, (self.length,), self.w, self.b, self.eps)
+
+
+class PEBlock(TransformerBlock):
+    """TL's pre-LN block, with ln1 computed once and fed to q, k and v.
+
+    TL 3.9 computes `ln1(x)` three times (and adds 0.0 to two of them) so that split-qkv
+    inputs can differ; ours never do unless a user turns on `use_split_qkv_input` or
+    `use_attn_in`, and then TL's own forward runs. Same hook points, same values.
+    """
+
+    def __init__(self, cfg, block_index):
+        super().__init__(cfg, block_index)
+        if type(self.ln1) is LayerNorm:
+            self.ln1, self.ln2 = FusedLayerNorm(cfg), FusedLayerNorm(cfg)
+
+    def forward(
+        self, resid_pre, shortformer_pos_embed=None, past_kv_cache_entry=None, attention_mask=None
+    ):
+        cfg = self.cfg
+        if (
+            cfg.use_attn_in
+            or cfg.use_split_qkv_input
+            or shortformer_pos_embed is not None
+            or cfg.parallel_attn_mlp
+            or cfg.attn_only
+            or cfg.use_normalization_before_and_after
+        ):
+            return super().forward(
+                resid_pre, shortformer_pos_embed, past_kv_cache_entry, attention_mask
+            )
+        resid_pre = self.hook_resid_pre(resid_pre)
+        normalized = self.ln1(resid_pre)
+        attn_out = self.hook_attn_out(
+            self.attn(
+                query_input=normalized,
+                key_input=normalized,
+                value_input=normalized,
+                past_kv_cache_entry=past_kv_cache_entry,
+                attention_mask=attention_mask,
+            )
+        )
+        resid_mid = self.hook_resid_mid(resid_pre + attn_out)
+        mlp_in = self.hook_mlp_in(resid_mid.clone()) if cfg.use_hook_mlp_in else resid_mid
+        return self.hook_resid_post(resid_mid + self.apply_mlp(self.ln2(mlp_in)))
+
+
 class PETransformer(HookedTransformer):
     """HookedTransformer with one positional encoding; see the module docstring."""
 
@@ -69,6 +133,10 @@ class PETransformer(HookedTransformer):
         with tl_deprecation_silenced():
             super().__init__(cfg, tokenizer=tokenizer)
         self.pe_options = self.resolve_pe_options(**pe_options)
+        # Same modules and state-dict keys as TL's, with a faster pre-LN path (see PEBlock).
+        self.blocks = nn.ModuleList(PEBlock(cfg, i) for i in range(cfg.n_layers))
+        if type(self.ln_final) is LayerNorm:
+            self.ln_final = FusedLayerNorm(cfg)
         if not self.absolute_embedding and hasattr(self, "pos_embed"):
             # No unused W_pos in the state dict, and nothing added to the residual stream.
             del self.pos_embed, self.hook_pos_embed
