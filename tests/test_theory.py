@@ -130,22 +130,46 @@ def test_float64_construction_is_exact_to_rounding():
 
 
 # --- (c) layer 2: logits are a function of n - m plus row offsets --------------------------
-def test_layer2_logits_have_the_stated_form(rel_model, rel_cache):
-    c = rel_model.construction
-    scores = rel_cache["blocks.1.attn.hook_attn_scores"].double()
+def _layer2_errors(model, cache):
+    """(max |error| of head 0, of head 1 against the stated logits, head 1's argmax == n - delta
+    per row n >= delta) over the causal cells."""
+    c = model.construction
+    scores = cache["blocks.1.attn.hook_attn_scores"].double()
     t = torch.arange(OOD_LEN, dtype=torch.float64)
     n, m = t[:, None], t[None, :]
     causal = torch.tril(torch.ones(OOD_LEN, OOD_LEN, dtype=torch.bool))
     recency = (c.recency_slope * m).expand(OOD_LEN, OOD_LEN)
     beta, delta = c.sharpness, c.target_distance
     target = -beta * (n - m - delta) ** 2 + beta * (n - delta) ** 2
-    assert (scores[:, 0] - recency)[:, causal].abs().max() < 1e-2
-    # float32: head 1's terms are ~2 beta n m, so its rounding grows like n^2 (module docs)
-    err = (scores[:, 1] - target).abs()[:, causal]
-    assert err.max() < 5e-6 * 2 * beta * OOD_LEN**2  # measured: 3.2 at n = 512
-    # the head attends to n - delta (rows n >= delta)
-    pattern = rel_cache["blocks.1.attn.hook_pattern"][:, 1]
-    assert (pattern.argmax(-1)[:, delta:] == torch.arange(OOD_LEN - delta)).all()
+    err0 = (scores[:, 0] - recency)[:, causal].abs().max()
+    err1 = (scores[:, 1] - target).abs()[:, causal].max()
+    pattern = cache["blocks.1.attn.hook_pattern"][:, 1]
+    hits = pattern.argmax(-1)[:, delta:] == torch.arange(OOD_LEN - delta)
+    return err0, err1, hits
+
+
+def test_layer2_logits_have_the_stated_form(rel_model, rel_cache):
+    beta = rel_model.construction.sharpness
+    err0, err1, hits = _layer2_errors(rel_model, rel_cache)
+    assert err0 < 1e-2
+    # float32: head 1's terms are ~2 beta n m, so its rounding grows like n^2 and depends on the
+    # CPU's matmul kernels (module docs). Measured max error at n <= 512: 3.2 on an AMD EPYC,
+    # 13.9 on an Intel Xeon (6.6e-6 of 2 beta n^2); against a logit gap of beta, so a few rows
+    # can peak one step off in float32. The exact claims are checked in float64 below.
+    assert err1 < 1e-5 * 2 * beta * OOD_LEN**2
+    assert hits.float().mean() >= 0.99  # measured: 1.0 (AMD EPYC), 0.998 (Intel Xeon)
+
+
+def test_layer2_logits_are_exact_in_float64():
+    model = relative_attention_model(d_vocab=V, n_ctx=ID_LEN, max_length=K, dtype=torch.float64)
+    tokens = bos_sequences(2, OOD_LEN, d_vocab=V, seed=1)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(
+            tokens, names_filter=lambda name: name.startswith("blocks.1.attn.hook_")
+        )
+    err0, err1, hits = _layer2_errors(model, cache)
+    assert err0 < 1e-9 and err1 < 1e-6  # module docs: ~1e-12 and 4e-8 at K = 1024
+    assert hits.all()  # the head attends to n - delta in every row n >= delta
 
 
 @pytest.mark.parametrize("head", [0, 1])
