@@ -240,23 +240,25 @@ def fit_ridge(
         alphas = [float(alphas)]
     alphas = [float(a) for a in alphas]
     d, k = X.shape[1], Y.shape[1]
-    val_mse = None
-    if len(alphas) > 1:
-        if X_val is None:
-            g = torch.Generator().manual_seed(seed)
-            perm = torch.randperm(X.shape[0], generator=g)
-            n_val = max(1, int(round(val_fraction * X.shape[0])))
-            vi, ti = perm[:n_val], perm[n_val:]
-            X_fit, Y_fit, X_val, Y_val = X[ti], Y[ti], X[vi], Y[vi]
-        else:
-            X_fit, Y_fit = X, Y
-            Y_val = torch.as_tensor(Y_val)
-            Y_val = Y_val[:, None] if Y_val.ndim == 1 else Y_val
-        path = RidgePath(RidgeStats(d, k).update(X_fit, Y_fit))
-        alpha, val_mse = select_alpha(path, RidgeStats(d, k).update(X_val, Y_val), alphas)
+    if len(alphas) == 1:
+        return RidgePath(RidgeStats(d, k).update(X, Y)).probe(alphas[0])
+    split = X_val is None
+    if split:
+        g = torch.Generator().manual_seed(seed)
+        perm = torch.randperm(X.shape[0], generator=g)
+        n_val = max(1, int(round(val_fraction * X.shape[0])))
+        vi, ti = perm[:n_val], perm[n_val:]
+        X_fit, Y_fit, X_val, Y_val = X[ti], Y[ti], X[vi], Y[vi]
     else:
-        alpha = alphas[0]
-    probe = RidgePath(RidgeStats(d, k).update(X, Y)).probe(alpha)
+        X_fit, Y_fit = X, Y
+        Y_val = torch.as_tensor(Y_val)
+        Y_val = Y_val[:, None] if Y_val.ndim == 1 else Y_val
+    fit, val = RidgeStats(d, k).update(X_fit, Y_fit), RidgeStats(d, k).update(X_val, Y_val)
+    path = RidgePath(fit)
+    alpha, val_mse = select_alpha(path, val, alphas)
+    if split:  # refit on all rows: merging the two splits' statistics is a second pass saved
+        path = RidgePath(fit.merged(val))
+    probe = path.probe(alpha)
     probe.val_mse = val_mse
     return probe
 
