@@ -15,8 +15,9 @@ over this machine's measured float32 matmul peak (torch.matmul, same thread coun
 
     python -m bench.train_step [--quick] [--threads N] [--repeats R] [--no-before]
 
-Besides, it times the same model on TransformerLens' own block and LayerNorm forwards (what the
-package ran before models/base.py's PEBlock / FusedLayerNorm), timed in the same interleaved
+Besides, it times the same model on TransformerLens' own block, LayerNorm and attention
+forwards (what the package ran before models/base.py's PEBlock / FusedLayerNorm / PEAttention
+forwards), timed in the same interleaved
 run (`--no-before` skips it): the before/after ratio of that optimisation.
 """
 
@@ -225,22 +226,22 @@ def n_params(model) -> int:
 
 
 def use_tl_forwards(model):
-    """Switch `model` (one instance) back to TransformerLens' own block and LayerNorm forwards:
-    the package before models/base.py's PEBlock / FusedLayerNorm, for a before/after figure."""
-    from nopeinterp._tl import LayerNorm, TransformerBlock
+    """Switch `model` (one instance) back to TransformerLens' own block, LayerNorm and attention
+    forwards: the package before models/base.py's PEBlock / FusedLayerNorm / PEAttention
+    forwards, for a before/after figure (the position bias is still added, by the scores)."""
+    from nopeinterp._tl import Attention, LayerNorm, TransformerBlock
 
     for module in model.modules():
-        if isinstance(module, TransformerBlock):
-            module.forward = types.MethodType(TransformerBlock.forward, module)
-        elif isinstance(module, LayerNorm):
-            module.forward = types.MethodType(LayerNorm.forward, module)
+        for cls in (TransformerBlock, LayerNorm, Attention):
+            if isinstance(module, cls):
+                module.forward = types.MethodType(cls.forward, module)
     return model
 
 
 def run(
     quick: bool = False, repeats: int | None = None, pes=PE_TYPES, before: bool = True
 ) -> list[dict]:
-    """Summary rows; `before` also times ours on TransformerLens' own block/LN forwards."""
+    """Summary rows; `before` also times ours on TransformerLens' own forwards."""
     cfg = QUICK if quick else FULL
     repeats = repeats or cfg["repeats"]
     peak = matmul_peak(256 if quick else 2048, repeats=3 if quick else 5)
@@ -291,7 +292,7 @@ def run(
             if before:
                 rows.append(
                     row(
-                        f"train step {pe} {shape}: before (TL's block/LN forwards)/ref time",
+                        f"train step {pe} {shape}: before (TL's block/LN/attention forwards)/ref time",
                         t["before"] * 1e3,
                         t["ref"] * 1e3,
                         t["before"] / t["ref"],
@@ -318,7 +319,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--pe", nargs="*", default=list(PE_TYPES))
     parser.add_argument(
-        "--no-before", action="store_true", help="skip timing TL's own block/LN forwards"
+        "--no-before", action="store_true", help="skip timing TL's own block/LN/attention forwards"
     )
     parser.add_argument("--d-model", type=int, nargs="*", default=None)
     args = parser.parse_args()

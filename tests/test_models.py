@@ -92,17 +92,18 @@ def test_same_seed_same_weights(pe, tiny):
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
 
 
-# --- the fast pre-LN path (models/base.py: PEBlock, FusedLayerNorm) vs TransformerLens' own ---
+# --- the lean forwards (models/base.py: PEBlock, FusedLayerNorm, PEAttention) vs TL's own ---
 def _tl_forward_and_grads(model, toks, mask):
     """Logits and parameter gradients with TL's stock TransformerBlock / LayerNorm forwards."""
     from unittest import mock
 
-    from nopeinterp._tl import LayerNorm, TransformerBlock
-    from nopeinterp.models.base import FusedLayerNorm, PEBlock
+    from nopeinterp._tl import Attention, LayerNorm, TransformerBlock
+    from nopeinterp.models.base import FusedLayerNorm, PEAttention, PEBlock
 
     with (
         mock.patch.object(PEBlock, "forward", TransformerBlock.forward),
         mock.patch.object(FusedLayerNorm, "forward", LayerNorm.forward),
+        mock.patch.object(PEAttention, "forward", Attention.forward),
     ):
         return _forward_and_grads(model, toks, mask)
 
@@ -145,17 +146,21 @@ def test_layernorm_hooks_still_fire_and_carry_tl_values(tiny):
     torch.testing.assert_close(logits, model(toks))  # hooked (TL) path = fused path
 
 
-def test_split_qkv_input_falls_back_to_transformerlens(tiny):
+@pytest.mark.parametrize(
+    "setter, hook",
+    [("set_use_split_qkv_input", "hook_q_input"), ("set_use_attn_result", "hook_result")],
+)
+def test_tl_features_fall_back_to_transformerlens(tiny, setter, hook):
     model = tiny("t5")
     toks = tokens(2, N_CTX)
     expected = model(toks)
-    model.set_use_split_qkv_input(True)
+    getattr(model, setter)(True)
     try:
-        logits, cache = model.run_with_cache(toks, names_filter=lambda n: "hook_q_input" in n)
-        assert "blocks.0.hook_q_input" in cache  # TL's own forward ran
+        logits, cache = model.run_with_cache(toks, names_filter=lambda n: n.endswith(hook))
+        assert any(name.endswith(hook) for name in cache.keys())  # TL's own forward ran
         torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
     finally:
-        model.set_use_split_qkv_input(False)
+        getattr(model, setter)(False)
 
 
 def test_building_does_not_warn(tiny):

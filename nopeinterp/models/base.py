@@ -5,10 +5,15 @@ subclass of `PETransformer`. A subclass says three things:
   - `tl_positional_embedding_type`: what TransformerLens itself should do ("standard" adds
     `pos_embed` to the residual stream, "rotary" rotates q and k);
   - `absolute_embedding`: whether the residual stream gets an absolute position embedding;
-  - `make_position_bias()`: an optional module returning an additive attention bias
-    [1, head, query, key], which `PEAttention` adds to the scores before the causal mask, so
-    it shows in `hook_attn_scores` and, on its own, in `attn.hook_position_bias`.
-Everything else (blocks, MLPs, hooks, caching, generation) is stock TransformerLens.
+  - `configure_positional_encoding()`: installs the PE, e.g. a `PositionBias` module returning
+    an additive attention bias [1, head, query, key], which `PEAttention` adds to the scores
+    before the causal mask, so it shows in `hook_attn_scores` and, on its own, in
+    `attn.hook_position_bias`.
+Everything else (MLPs, hooks, caching, generation) is stock TransformerLens. The block,
+LayerNorm and attention forwards are TL's minus work our configurations never need
+(`PEBlock`, `FusedLayerNorm`, `PEAttention`: about 20% of a training step on CPU); each falls
+back to TL's own forward when a feature it skips is on, and tests/test_models.py checks them
+against TL's forwards and gradients for every PE.
 """
 
 from __future__ import annotations
@@ -39,17 +44,36 @@ def relative_distance(q_len: int, k_len: int, device=None) -> torch.Tensor:
     return q_pos[:, None] - k_pos[None, :]
 
 
+# TL attention features the lean forward below does not implement: with any on, TL's runs.
+_TL_FORWARD_FLAGS = (
+    "use_attn_result",
+    "use_split_qkv_input",
+    "use_attn_in",
+    "load_in_4bit",
+    "use_qk_norm",
+    "use_logn_attn",
+    "use_attention_sinks",
+)
+
+
 class PEAttention(Attention):
-    """TL attention plus an additive position bias computed for the current shape.
+    """TL attention plus an additive position bias computed for the current shape, used by
+    every PE (with no bias for NoPE, rotary and the absolute embeddings).
 
     The bias module is owned by the model (so T5's table can be shared by all layers) and is
     kept here in a list, outside the module tree, so the state dict holds it once.
+
+    `forward` is TL 3.9's for our configurations minus two full passes over the scores per
+    layer: the NaN clean-up after the softmax, which only a row whose keys are all padding
+    needs (left padding), and the copy of W_O. Same hook points, same values; with any TL
+    feature it does not cover (e.g. `use_attn_result`), TL's own forward runs.
     """
 
     def __init__(self, cfg, attn_type="global", layer_id=None, position_bias=None):
         super().__init__(cfg, attn_type, layer_id)
         self._position_bias = [position_bias]
-        self.hook_position_bias = HookPoint()  # [1, head_index, query_pos, key_pos]
+        if position_bias is not None:
+            self.hook_position_bias = HookPoint()  # [1, head_index, query_pos, key_pos]
 
     def calculate_attention_scores(self, q, k):
         scores = super().calculate_attention_scores(q, k)
@@ -58,6 +82,57 @@ class PEAttention(Attention):
             return scores
         bias = self.hook_position_bias(bias_fn(scores.shape[-2], scores.shape[-1]))
         return scores + bias.to(scores.dtype)
+
+    def forward(
+        self,
+        query_input,
+        key_input,
+        value_input,
+        past_kv_cache_entry=None,
+        additive_attention_mask=None,
+        attention_mask=None,
+        position_bias=None,
+    ):
+        cfg = self.cfg
+        if (
+            additive_attention_mask is not None
+            or position_bias is not None
+            or cfg.clip_qkv is not None
+            or cfg.original_architecture is not None
+            or cfg.positional_embedding_type not in ("standard", "rotary")
+            or (self._attention_dir_override or cfg.attention_dir) != "causal"
+            or any(getattr(cfg, flag) for flag in _TL_FORWARD_FLAGS)
+        ):
+            return super().forward(
+                query_input,
+                key_input,
+                value_input,
+                past_kv_cache_entry,
+                additive_attention_mask,
+                attention_mask,
+                position_bias,
+            )
+        q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)
+        offset = 0
+        if past_kv_cache_entry is not None:
+            offset = past_kv_cache_entry.past_keys.size(1)
+            k, v = past_kv_cache_entry.append(k, v)
+        if cfg.positional_embedding_type == "rotary":
+            q = self.hook_rot_q(self.apply_rotary(q, offset, attention_mask))
+            k = self.hook_rot_k(self.apply_rotary(k, 0, attention_mask))  # keys are cached
+        scores = self.apply_causal_mask(
+            self.calculate_attention_scores(q, k), offset, attention_mask
+        )
+        pattern = F.softmax(self.hook_attn_scores(scores), dim=-1)
+        # Key 0 is visible to every query, so only a masked key 0 (left padding) or a local
+        # window can leave a row with no visible key, whose softmax is NaN: TL zeroes those.
+        if attention_mask is not None and (
+            self.attn_type == "local" or not bool(attention_mask[:, 0].all())
+        ):
+            pattern = torch.where(torch.isnan(pattern), torch.zeros_like(pattern), pattern)
+        z = self.calculate_z_scores(v, self.hook_pattern(pattern))  # [batch, pos, head, d_head]
+        w_o = self.W_O.reshape(cfg.n_heads * cfg.d_head, cfg.d_model)  # a view: no copy
+        return F.linear(z.reshape(*z.shape[:2], -1), w_o.T, self.b_O)
 
 
 class FusedLayerNorm(LayerNorm):
@@ -133,10 +208,11 @@ class PETransformer(HookedTransformer):
         with tl_deprecation_silenced():
             super().__init__(cfg, tokenizer=tokenizer)
         self.pe_options = self.resolve_pe_options(**pe_options)
-        # Same modules and state-dict keys as TL's, with a faster pre-LN path (see PEBlock).
+        # Same modules and state-dict keys as TL's, with a faster path (PEBlock, PEAttention).
         self.blocks = nn.ModuleList(PEBlock(cfg, i) for i in range(cfg.n_layers))
         if type(self.ln_final) is LayerNorm:
             self.ln_final = FusedLayerNorm(cfg)
+        self.use_attention(PEAttention)
         if not self.absolute_embedding and hasattr(self, "pos_embed"):
             # No unused W_pos in the state dict, and nothing added to the residual stream.
             del self.pos_embed, self.hook_pos_embed
@@ -154,7 +230,8 @@ class PETransformer(HookedTransformer):
         return {}
 
     def configure_positional_encoding(self) -> None:
-        """Install the PE after TL built the stock model. Default: nothing."""
+        """Install the PE after the model is built (with `PEAttention` and no bias). Default:
+        nothing."""
 
     def use_attention(self, attention_cls, layer_kwargs=lambda layer: {}) -> None:
         """Replace every block's attention by `attention_cls(cfg, "global", layer, **kw)`."""

@@ -5,11 +5,10 @@ table at n_ctx and then fails on longer inputs; we grow the table instead, since
 has no length limit.
 """
 
-from nopeinterp._tl import Attention
-from nopeinterp.models.base import PETransformer
+from nopeinterp.models.base import PEAttention, PETransformer
 
 
-class UncappedRotaryAttention(Attention):
+class UncappedRotaryAttention(PEAttention):
     def apply_rotary(self, x, past_kv_pos_offset=0, attention_mask=None):
         needed = past_kv_pos_offset + x.size(1)
         if needed > self.rotary_cos.shape[0]:
