@@ -37,34 +37,39 @@ class CheckpointInfo:
         return load_checkpoint(self.path)
 
 
-def discover(directory, tasks=None) -> list[CheckpointInfo]:
-    """Checkpoints named `<task>-<pe>[-seed<k>].pt` in `directory`, by task, PE order, seed.
+def discover(directories, tasks=None) -> list[CheckpointInfo]:
+    """Checkpoints named `<task>-<pe>[-seed<k>].pt` in one folder or several, by task, PE
+    order, seed.
 
     Files that do not follow the pattern (and training state files) are ignored. The seed is
-    the one in the name (`-seed<k>`), else 0.
+    the one in the name (`-seed<k>`), else 0. A name found in two folders is taken from the
+    first (e.g. `checkpoints/` before a folder of extra seeds that repeats NoPE-prime).
     """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise SystemExit(f"no checkpoint directory {directory}: see checkpoints/README.md")
-    found = []
-    for p in sorted(directory.glob("*.pt")):
-        if p.name.endswith(".state.pt"):
-            continue
-        m = _NAME.match(p.stem)
-        if not m or (tasks and m["task"] not in tasks):
-            continue
-        found.append(
-            CheckpointInfo(
-                path=p,
-                name=p.stem,
-                task=m["task"],
-                pe=m["pe"],
-                seed=int(m["seed"] or 0),
-                in_progress=p.with_name(p.name + ".state.pt").exists(),
+    if isinstance(directories, str | Path):
+        directories = [directories]
+    found, seen = [], set()
+    for directory in map(Path, directories):
+        if not directory.is_dir():
+            raise SystemExit(f"no checkpoint directory {directory}: see checkpoints/README.md")
+        for p in sorted(directory.glob("*.pt")):
+            if p.name.endswith(".state.pt") or p.stem in seen:
+                continue
+            m = _NAME.match(p.stem)
+            if not m or (tasks and m["task"] not in tasks):
+                continue
+            seen.add(p.stem)
+            found.append(
+                CheckpointInfo(
+                    path=p,
+                    name=p.stem,
+                    task=m["task"],
+                    pe=m["pe"],
+                    seed=int(m["seed"] or 0),
+                    in_progress=p.with_name(p.name + ".state.pt").exists(),
+                )
             )
-        )
     if not found:
-        raise SystemExit(f"no <task>-<pe>.pt checkpoints in {directory}")
+        raise SystemExit(f"no <task>-<pe>.pt checkpoints in {', '.join(map(str, directories))}")
     found.sort(key=lambda c: (c.task, PE_ORDER.index(c.pe), c.seed))
     in_progress = [c.name for c in found if c.in_progress]
     if in_progress:
@@ -74,7 +79,12 @@ def discover(directory, tasks=None) -> list[CheckpointInfo]:
 
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--checkpoints", default=str(ROOT / "checkpoints"), help="checkpoint folder")
+    p.add_argument(
+        "--checkpoints",
+        nargs="+",
+        default=[str(ROOT / "checkpoints")],
+        help="checkpoint folder(s); a name in two folders is taken from the first",
+    )
     p.add_argument("--quick", action="store_true", help="few examples: a smoke run, not results")
     p.add_argument("--out", default=str(RESULTS), help="results folder (analyses/results/)")
     p.add_argument("--tasks", default=None, help="comma-separated task filter, e.g. scan,copy")

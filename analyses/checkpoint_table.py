@@ -48,7 +48,8 @@ def main():
             continue
         ckpt = load_checkpoint(path)
         first = first or ckpt
-        summary = summarize(evaluate(ckpt, n=args.n, name=path.stem)).set_index("split")
+        summary = summarize(evaluate(ckpt, n=args.n, name=path.stem, progress=False))
+        summary = summary.set_index("split")
         meta = ckpt.meta
         acc = {
             s: (f"{summary.loc[s, 'accuracy']:.3f}" if s in summary.index else "-")

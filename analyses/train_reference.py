@@ -2,6 +2,8 @@
 
     python analyses/train_reference.py            # all of them, 2 at a time, resuming
     python analyses/train_reference.py --dry-run  # print the commands only
+    python analyses/train_reference.py --seeds 1 2 --tasks copy --out-dir runs/seeds
+                                                  # more seeds of every PE (not shipped)
 
 Each job is one `nopeinterp train` process with one torch thread: on this 2-core machine two
 single-threaded runs finish sooner than one two-threaded run. Jobs whose checkpoint exists
@@ -39,16 +41,20 @@ PES = ["nope", "t5", "alibi", "rotary", "sinusoidal", "ape"]
 TASKS = ["scan", "copy"]
 
 
-def jobs(out_dir: Path):
-    """(checkpoint, args) in training order: what the similarity analysis needs first."""
-    for task in TASKS:
+def jobs(out_dir: Path, seeds=None, tasks=TASKS):
+    """(checkpoint, args) in training order: the reference set (what the similarity analysis
+    needs first), or with `seeds` every PE at each of those seeds (`<task>-<pe>-seed<k>.pt`)."""
+    for task in tasks:
         steps = ["--steps", str(STEPS[task])]
-        for name, pe, seed in [
+        runs = [
             ("nope", "nope", 0),
             ("t5", "t5", 0),
             ("nope-seed1", "nope", 1),
             *[(pe, pe, 0) for pe in PES if pe not in ("nope", "t5")],
-        ]:
+        ]
+        if seeds:
+            runs = [(f"{pe}-seed{seed}", pe, seed) for seed in seeds for pe in PES]
+        for name, pe, seed in runs:
             # nope-seed1 is NoPE-prime: the noise floor of the similarity analysis
             yield (
                 out_dir / f"{task}-{name}.pt",
@@ -88,11 +94,15 @@ def main():
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", default=None, help="substring filter on the checkpoint name")
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--seeds", type=int, nargs="*", help="train every PE at these seeds")
+    parser.add_argument("--tasks", nargs="*", default=TASKS, choices=TASKS)
     args = parser.parse_args()
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = []
-    for out, job_args in jobs(out_dir):
+    if args.seeds and 0 in args.seeds:
+        parser.error("seed 0 is the reference set: leave out --seeds to (re)train it")
+    for out, job_args in jobs(out_dir, args.seeds, args.tasks):
         if args.only and args.only not in out.name:
             continue
         finished = out.exists() and not out.with_name(out.name + ".state.pt").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -83,6 +84,21 @@ def test_discover(ckpt_dir):
     assert {c.task for c in common.discover(ckpt_dir, ["scan"])} == {"scan"}
 
 
+def test_discover_several_folders_first_wins(ckpt_dir, tmp_path):
+    common = load_script("_common")
+    extra = tmp_path / "seeds"
+    extra.mkdir()
+    shutil.copy(ckpt_dir / "copy-nope-seed1.pt", extra / "copy-nope-seed1.pt")  # a repeat
+    shutil.copy(ckpt_dir / "copy-t5.pt", extra / "copy-t5-seed2.pt")  # a new seed
+    found = common.discover([ckpt_dir, extra], ["copy"])
+    by_name = {c.name: c for c in found}
+    assert len(by_name) == len(found)  # no name twice
+    assert by_name["copy-nope-seed1"].path.parent == ckpt_dir
+    assert (by_name["copy-t5-seed2"].seed, by_name["copy-t5-seed2"].path.parent) == (2, extra)
+    with pytest.raises(SystemExit, match="no checkpoint directory"):
+        common.discover([ckpt_dir, tmp_path / "missing"])
+
+
 def test_markdown_formatter():
     common = load_script("_common")
     text = common.to_markdown(pd.DataFrame({"a": ["x|y", "z"], "b": [0.123456, math.nan]}))
@@ -91,23 +107,43 @@ def test_markdown_formatter():
 
 def test_mrr_ranks_ties_and_incomplete_splits():
     mod = load_script("length_generalization")
-    rows = [  # two splits; copy seed 1 has only NoPE and must not count
-        ("copy", 0, "nope", 0.9), ("copy", 0, "t5", 0.5), ("copy", 0, "ape", float("nan")),
-        ("scan", 0, "nope", 0.2), ("scan", 0, "t5", 0.2), ("copy", 1, "nope", 0.0),
+    rows = [  # per-length rows; copy seed 1 has only NoPE and must not count
+        ("copy", 0, "nope", 9, True), ("copy", 0, "t5", 5, True),
+        ("copy", 0, "ape", 0, False), ("copy", 0, "ape", 0, False),  # cannot read: wrong
+        ("scan", 0, "nope", 2, True), ("scan", 0, "t5", 2, True), ("copy", 1, "nope", 0, True),
+        ("copy", 0, "nope", 10, True, "ID"),  # ID rows do not enter the ranking
     ]  # fmt: skip
-    summary = pd.DataFrame(
+    table = pd.DataFrame(
         [
-            dict(task=t, seed=s, pe=p, model=f"{t}-{p}-{s}", split="OOD", accuracy=a)
-            for t, s, p, a in rows
-        ]
+            dict(
+                task=t,
+                seed=s,
+                pe=p,
+                model=f"{t}-{p}-{s}",
+                split=(rest or ["OOD"])[0],
+                n=10,
+                correct=c,
+                evaluable=e,
+            )
+            for t, s, p, c, e, *rest in rows
+        ]  # fmt: skip
     )
-    ranks, mrr = mod.mean_reciprocal_rank(summary)
+    ood = mod.ood_accuracy(table)
+    assert ood.set_index("model").ood_accuracy.to_dict() == {
+        "copy-nope-0": 0.9, "copy-t5-0": 0.5, "copy-ape-0": 0.0, "scan-nope-0": 0.2,
+        "scan-t5-0": 0.2, "copy-nope-1": 0.0,
+    }  # fmt: skip
+    ranks, mrr = mod.mean_reciprocal_rank(ood)
     assert len(ranks) == 5
     got = dict(zip(mrr.pe, mrr.mrr, strict=True))
     assert got["nope"] == pytest.approx((1 + 1 / 1.5) / 2)  # rank 1 on copy, tied 1.5 on scan
     assert got["t5"] == pytest.approx((1 / 2 + 1 / 1.5) / 2)
-    assert got["ape"] == pytest.approx(1 / 3)  # not evaluable = accuracy 0, last
+    assert got["ape"] == pytest.approx(1 / 3)  # not evaluable = wrong, last
     assert dict(zip(mrr.pe, mrr.n_splits, strict=True)) == {"nope": 2, "t5": 2, "ape": 1}
+    # ranking among a subset re-ranks: without ape, t5 is 2nd of 2 on copy
+    _, sub = mod.mean_reciprocal_rank(ood, pes=("nope", "t5"))
+    assert set(sub.pe) == {"nope", "t5"}
+    assert dict(zip(sub.pe, sub.mrr, strict=True))["t5"] == pytest.approx((1 / 2 + 1 / 1.5) / 2)
 
 
 def test_length_generalization(ckpt_dir, tmp_path, capsys):
@@ -125,8 +161,10 @@ def test_length_generalization(ckpt_dir, tmp_path, capsys):
         (per_length.model == "copy-ape") & (per_length.split == "OOD"), "evaluable"
     ].any()
     mrr = read(tmp_path, "length_generalization_mrr")
-    assert list(mrr.columns) == ["pe", "mrr", "n_splits", "paper_mrr"]
-    assert set(mrr.pe) == {"nope", "t5", "ape", "alibi"} and mrr.mrr.between(0, 1).all()
+    assert list(mrr.columns) == ["pe", "mrr", "n_splits", "paper_mrr", "among"]
+    assert set(mrr.pe[mrr.among == "all"]) == {"nope", "t5", "ape", "alibi"}
+    assert set(mrr.pe[mrr.among == "paper"]) == {"nope", "t5", "alibi"}
+    assert mrr.mrr.between(0, 1).all()
     ranks = read(tmp_path, "length_generalization_ranks")
     assert set(ranks.seed) == {0}  # the NoPE-prime seed is no split of its own
 
