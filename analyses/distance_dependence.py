@@ -9,10 +9,12 @@ logit[n, m] ~ a_row + f(n - m) over the valid causal cells (1 = the head's logit
 function of relative distance only), and the attention mass per distance d = n - m (mean over
 query rows, summing to 1 over d: the attention-distance histogram).
 
-Mass summary per (checkpoint, split, layer), mean over heads, read off that histogram: `near`
-= mass at d <= 1, `far` = mass at d >= D/2 with D the longest distance in the split, `middle`
-= the rest. A bimodal head puts its mass in `near` and `far` both. (The histogram pools rows of
-all lengths, so `far` is a distance in tokens, not "the far half of each row"; see the report.)
+A distance in tokens means different things in rows of different lengths, so the bands are
+read off the relative histogram (`rel_mass`: key binned by d / n within its own row, 10 bins):
+per (checkpoint, split, layer), mean over heads, `near` = the most recent tenth of the row
+(d / n < 0.1), `far` = the oldest tenth (d / n >= 0.9, the first tokens), `middle` = the rest;
+`near_uniform` / `far_uniform` = what uniform attention over the same rows puts there. A bimodal
+layer has both `near` and `far` above their uniform shares.
 """
 
 from __future__ import annotations
@@ -29,18 +31,20 @@ from _common import discover, parser, print_written, task_filter, write_figure, 
 IDENT = ["checkpoint", "task", "pe", "seed"]
 
 
-def mass_summary(mass: pd.DataFrame) -> pd.DataFrame:
-    """near (d <= 1), middle, far (d >= D/2) attention mass, mean over heads."""
-    m = mass.copy()
-    d_max = m.groupby(IDENT + ["split"])["distance"].transform("max")
+def mass_summary(rel_mass: pd.DataFrame) -> pd.DataFrame:
+    """near (d/n < 0.1), middle, far (d/n >= 0.9) attention mass, mean over heads, and the
+    uniform-attention shares of near and far."""
+    m = rel_mass.copy()
     m["band"] = "middle"
-    m.loc[m["distance"] >= d_max / 2, "band"] = "far"
-    m.loc[m["distance"] <= 1, "band"] = "near"
-    per_head = m.groupby(IDENT + ["split", "layer", "head", "band"])["mass"].sum()
-    wide = per_head.unstack("band").reindex(columns=["near", "middle", "far"]).fillna(0.0)
-    out = wide.groupby(IDENT + ["split", "layer"], sort=False).mean().reset_index()
-    longest = m.groupby(IDENT + ["split"], sort=False)["distance"].max().rename("max_distance")
-    return out.merge(longest.reset_index(), on=IDENT + ["split"], how="left")
+    m.loc[m["rel_lo"] >= 0.9 - 1e-9, "band"] = "far"
+    m.loc[m["rel_hi"] <= 0.1 + 1e-9, "band"] = "near"
+    keys = IDENT + ["split", "layer"]
+    per_head = m.groupby(keys + ["head", "band"], sort=False)[["mass", "uniform"]].sum()
+    wide = per_head["mass"].unstack("band").reindex(columns=["near", "middle", "far"])
+    out = wide.fillna(0.0).groupby(keys, sort=False).mean()
+    uniform = per_head["uniform"].unstack("band").groupby(keys, sort=False).first()
+    out["near_uniform"], out["far_uniform"] = uniform["near"], uniform["far"]
+    return out.reset_index()
 
 
 def score_figure(table: pd.DataFrame):
@@ -85,13 +89,13 @@ def score_figure(table: pd.DataFrame):
     return fig
 
 
-def histogram_figure(mass: pd.DataFrame):
-    """Attention mass by distance, mean over heads: one panel per (task, layer), line per PE."""
+def histogram_figure(mass: pd.DataFrame, x: str = "distance", x_title: str = "distance n - m"):
+    """Attention mass by `x`, mean over heads: one panel per (task, layer), line per PE."""
     import plotly.graph_objects as go
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
-    m = mass.groupby(IDENT + ["split", "layer", "distance"], sort=False)["mass"].mean()
+    m = mass.groupby(IDENT + ["split", "layer", x], sort=False)["mass"].mean()
     m = m.reset_index()
     panels = list(dict.fromkeys(zip(m.task, m.layer, strict=True)))
     fig = make_subplots(
@@ -107,7 +111,7 @@ def histogram_figure(mass: pd.DataFrame):
             label = f"{name} ({split})"
             fig.add_trace(
                 go.Scatter(
-                    x=g.distance, y=g.mass, name=label, legendgroup=label, mode="lines",
+                    x=g[x], y=g.mass, name=label, legendgroup=label, mode="lines",
                     showlegend=label not in shown,
                     line=dict(color=colors[name], dash="dash" if split == "OOD" else None),
                 ),
@@ -115,7 +119,7 @@ def histogram_figure(mass: pd.DataFrame):
             )  # fmt: skip
             shown.add(label)
         fig.update_yaxes(title_text="attention", row=row, col=1)
-    fig.update_xaxes(title_text="distance n - m", row=len(panels), col=1)
+    fig.update_xaxes(title_text=x_title, row=len(panels), col=1)
     fig.update_layout(
         title="Attention mass by distance (mean over heads and query rows; OOD dashed)",
         height=260 * len(panels), template="plotly_white",
@@ -130,13 +134,14 @@ def main(argv=None) -> list[Path]:
     n_eval = args.n_eval or (16 if args.quick else 128)
     from nopeinterp.probing import distance_dependence_checkpoint
 
-    tables, masses = [], []
+    tables, masses, rel_masses = [], [], []
     for info in discover(args.checkpoints, task_filter(args)):
         t0, c0 = time.perf_counter(), time.process_time()
         result = distance_dependence_checkpoint(info.load(), n_eval=n_eval, progress=args.progress)
         ident = {"checkpoint": info.name, "task": info.task, "pe": info.pe, "seed": info.seed}
         tables.append(result.table.assign(**ident))
         masses.append(result.mass.assign(**ident))
+        rel_masses.append(result.rel_mass.assign(**ident))
         print(
             f"  scored {info.name} in {time.perf_counter() - t0:.1f} s "
             f"({time.process_time() - c0:.1f} s CPU)",
@@ -146,18 +151,23 @@ def main(argv=None) -> list[Path]:
     table = table[IDENT + [c for c in table.columns if c not in IDENT]]
     mass = pd.concat(masses, ignore_index=True)
     mass = mass[IDENT + [c for c in mass.columns if c not in IDENT]]
+    rel_mass = pd.concat(rel_masses, ignore_index=True)
+    rel_mass = rel_mass[IDENT + [c for c in rel_mass.columns if c not in IDENT]]
     wide = table.pivot_table(
         index=IDENT + ["split", "layer"], columns="head", values="score", sort=False
     )
     wide.columns = [f"head {h}" for h in wide.columns]
     wide = wide.assign(mean=wide.mean(axis=1), max=wide.max(axis=1)).reset_index()
-    bands = mass_summary(mass)
+    bands = mass_summary(rel_mass)
 
     pd.set_option("display.width", 250)
     fmt = {"float_format": lambda v: f"{v:.3f}", "index": False}
     print("\n== Distance-dependence score per layer and head (1 = logits depend on n-m only) ==")
     print(wide.to_string(**fmt))
-    print("\n== Attention mass: near (d<=1) / middle / far (d >= D/2), mean over heads ==")
+    print(
+        "\n== Attention mass by relative distance d/n: near (< 0.1) / middle / far (>= 0.9), "
+        "mean over heads; *_uniform: uniform attention =="
+    )
     print(bands.to_string(**fmt))
     out = Path(args.out)
     quick = " QUICK RUN (--quick): too few sequences for conclusions." if args.quick else ""
@@ -170,12 +180,19 @@ def main(argv=None) -> list[Path]:
                      notes=setting),
         *write_table(mass, out, "attention_distance_histogram",
                      title="Attention mass per distance (histogram data)", notes=setting),
+        *write_table(rel_mass, out, "attention_relative_distance_histogram",
+                     title="Attention mass per relative distance d/n (histogram data)",
+                     notes=setting + " uniform: uniform attention over the same rows."),
         *write_table(bands, out, "attention_distance_bands",
-                     title="Attention mass near (d<=1), middle, far (d >= D/2)",
-                     notes=setting + " D = the longest distance in the split; mass summed over "
-                     "those distances, mean over heads; rows of all lengths pooled."),
+                     title="Attention mass near (d/n < 0.1), middle, far (d/n >= 0.9)",
+                     notes=setting + " d/n: distance relative to the query's own row (0 = "
+                     "itself, 1 = the first token); mean over heads; near_uniform / far_uniform:"
+                     " uniform attention over the same rows."),
         *write_figure(score_figure(table), out, "distance_dependence"),
         *write_figure(histogram_figure(mass), out, "attention_distance_histogram"),
+        *write_figure(histogram_figure(rel_mass.assign(rel=(rel_mass.rel_lo + rel_mass.rel_hi) / 2), "rel",
+                                       "relative distance d/n (bin centre)"),
+                      out, "attention_relative_distance_histogram"),
     ]  # fmt: skip
     print_written(paths)
     return paths

@@ -190,11 +190,17 @@ def test_distance_dependence(ckpt_dir, tmp_path):
                                   "head 0", "head 1", "mean", "max"]  # fmt: skip
     assert set(wide.split) == {"ID", "OOD"}
     bands = read(tmp_path, "attention_distance_bands")
-    assert {"near", "middle", "far", "max_distance"} <= set(bands)
+    assert {"near", "middle", "far", "near_uniform", "far_uniform"} <= set(bands)
     total = bands[["near", "middle", "far"]].sum(axis=1)
     assert total.to_numpy() == pytest.approx(1.0, abs=1e-6)  # the histogram sums to 1
+    assert bands[["near_uniform", "far_uniform"]].gt(0).all().all()
     hist = read(tmp_path, "attention_distance_histogram")
     assert {"checkpoint", "pe", "split", "layer", "head", "distance", "mass"} <= set(hist)
+    rel = read(tmp_path, "attention_relative_distance_histogram")
+    assert {"checkpoint", "split", "layer", "head", "rel_lo", "rel_hi", "mass", "uniform"} <= set(
+        rel
+    )
+    assert "attention_relative_distance_histogram.html" in names
 
 
 def test_attention_similarity(ckpt_dir, tmp_path, capsys):

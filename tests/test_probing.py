@@ -179,6 +179,38 @@ def test_distance_r2_iid_noise_is_small_and_streaming_is_exact():
     torch.testing.assert_close(st.solve()[0], one.solve()[0])
 
 
+def test_relative_distance_mass():
+    """rel_mass bins each key by d / n: attend-to-self -> bin 0, attend-to-first -> last bin,
+    uniform -> spread over every bin; rows of different lengths (padding) are handled."""
+    from nopeinterp.probing.distance import REL_BINS
+
+    N, lens = 21, torch.tensor([21, 11, 6])
+    real = torch.arange(N)[None] < lens[:, None]
+    valid = real[:, :, None] & real[:, None, :]
+    causal = torch.ones(N, N, dtype=torch.bool).tril()
+    scores = torch.randn(3, 3, N, N, generator=torch.Generator().manual_seed(0))
+    pattern = torch.zeros(3, 3, N, N)
+    pattern[:, 0] = torch.eye(N)  # head 0: the query itself (d = 0)
+    pattern[:, 1, :, 0] = 1.0  # head 1: the first token (d = n)
+    uniform = (valid & causal).float()
+    pattern[:, 2] = uniform / uniform.sum(-1, keepdim=True).clamp(min=1)  # head 2: uniform
+    st = DistanceStats(3).update(scores, valid, pattern)
+    rel, uniform_ref = st.rel_mass_per_row()
+    torch.testing.assert_close(rel.sum(-1), torch.ones(3, dtype=torch.float64))
+    assert rel[0, 0] == pytest.approx(1.0) and rel[1, -1] == pytest.approx(1.0)
+    assert (rel[2] > 0.5 / REL_BINS).all()  # no bin empty under uniform attention
+    # by hand for head 2: mean over rows n >= 1 of the share of keys m with bin(d / n) = b
+    expected = torch.zeros(REL_BINS, dtype=torch.float64)
+    rows = 0
+    for length in lens.tolist():
+        for n in range(1, length):
+            for d in range(n + 1):
+                expected[min(int(d / n * REL_BINS), REL_BINS - 1)] += 1 / (n + 1)
+            rows += 1
+    torch.testing.assert_close(rel[2], expected / rows)
+    torch.testing.assert_close(uniform_ref, expected / rows)  # the uniform reference column
+
+
 def test_distance_r2_constant_rows_is_nan():
     assert torch.isnan(distance_r2(torch.zeros(1, 6, 6))).all()
 
@@ -214,8 +246,10 @@ def test_distance_dependence_nope_tiny_model(tmp_path):
     assert res.table.score.between(0, 1).all()
     sums = res.mass.groupby(["split", "layer", "head"]).mass.sum()
     np.testing.assert_allclose(sums.to_numpy(), 1.0, atol=1e-5)
+    rel_sums = res.rel_mass.groupby(["split", "layer", "head"]).mass.sum()
+    np.testing.assert_allclose(rel_sums.to_numpy(), 1.0, atol=1e-5)
     paths = res.save(tmp_path)
-    assert paths["csv"].exists() and paths["mass"].exists()
+    assert paths["csv"].exists() and paths["mass"].exists() and paths["rel_mass"].exists()
     assert "plotly" in paths["html"].read_text()
 
 

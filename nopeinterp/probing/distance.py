@@ -33,7 +33,12 @@ excluded, from the attention-mass histogram too.
 
 Mass. ``mass[d]`` = attention probability (``hook_pattern``) on the key at distance d,
 averaged over the valid query rows (rows too short to hold d count as 0), so it sums to 1
-over d: the data of the paper's attention-distance histogram.
+over d: the data of the paper's attention-distance histogram. Pooled over rows of different
+lengths, a distance means different things (d = 10 is the far end of a short row, the middle
+of a long one), so ``rel_mass`` also bins each key by its distance relative to its own row,
+r = d / n for query n (0 = the query itself, 1 = the first token), in `REL_BINS` equal bins:
+also summing to 1; its column ``uniform`` is what uniform attention over the same rows gives
+(about 1 / REL_BINS per bin), the reference for "more near / far than chance".
 
 Layers here are block indices 0..n_layers-1 (the attention of block l).
 """
@@ -53,6 +58,8 @@ from nopeinterp.probing._data import resolve_sets, stream
 _DTYPE = torch.float64
 TABLE_COLUMNS = ["split", "layer", "head", "score", "n_cells", "n_rows", "ss_tot"]
 MASS_COLUMNS = ["split", "layer", "head", "distance", "mass", "profile", "n_rows"]
+REL_MASS_COLUMNS = ["split", "layer", "head", "rel_lo", "rel_hi", "mass", "uniform"]
+REL_BINS = 10
 
 
 def _skew(x: torch.Tensor) -> torch.Tensor:
@@ -75,6 +82,8 @@ class DistanceStats:
         self.gram = torch.zeros(0, 0, dtype=_DTYPE)  # sum_r ind ind^T / c
         self.b = torch.zeros(n_heads, 0, dtype=_DTYPE)
         self.mass = torch.zeros(n_heads, 0, dtype=_DTYPE)
+        self.rel_mass = torch.zeros(n_heads, REL_BINS, dtype=_DTYPE)  # by d / n, see module docs
+        self.rel_uniform = torch.zeros(REL_BINS, dtype=_DTYPE)  # the same, uniform attention
         self.ss_tot = torch.zeros(n_heads, dtype=_DTYPE)
         self.n_cells = 0
         self.n_rows = 0
@@ -129,6 +138,16 @@ class DistanceStats:
         if pattern is not None:
             p = _skew(pattern.to(_DTYPE)) * m
             self.mass[:, :N] += p.sum((0, 2))
+            # bin of d / (row's longest distance): valid keys of a row are 0..n, c = n + 1
+            rel = torch.arange(N, dtype=_DTYPE) / (c - 1).clamp(min=1)  # [B, N, D]
+            bins = (rel * REL_BINS).floor().clamp(max=REL_BINS - 1).long()
+            self.rel_mass += torch.zeros_like(self.rel_mass).scatter_add_(
+                1, bins.reshape(1, -1).expand(H, -1), p.transpose(0, 1).reshape(H, -1)
+            )
+            uniform = m[:, 0] / c.clamp(min=1)  # [B, N, D]
+            self.rel_uniform += torch.zeros_like(self.rel_uniform).scatter_add_(
+                0, bins.reshape(-1), uniform.reshape(-1)
+            )
         return self
 
     def solve(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,6 +171,10 @@ class DistanceStats:
 
     def mass_per_row(self) -> torch.Tensor:
         return self.mass / max(self.n_rows, 1)
+
+    def rel_mass_per_row(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rel_mass [H, REL_BINS], the same under uniform attention [REL_BINS]) per row."""
+        return self.rel_mass / max(self.n_rows, 1), self.rel_uniform / max(self.n_rows, 1)
 
 
 def distance_r2(scores: torch.Tensor, valid_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -177,11 +200,13 @@ def distance_r2(scores: torch.Tensor, valid_mask: torch.Tensor | None = None) ->
 
 @dataclass
 class DistanceResult:
-    """`table`: one row per (split, layer, head) with the score; `mass`: tidy histogram data."""
+    """`table`: one row per (split, layer, head) with the score; `mass`: tidy histogram data
+    by distance d; `rel_mass`: by relative distance d / n (see the module docstring)."""
 
     table: pd.DataFrame
     mass: pd.DataFrame
     meta: dict = field(default_factory=dict)
+    rel_mass: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=REL_MASS_COLUMNS))
 
     def heatmap(self, split: str | None = None):
         from nopeinterp.viz.probing import distance_heatmap
@@ -200,13 +225,17 @@ class DistanceResult:
         return self.heatmap(split)
 
     def save(self, out_dir: str | os.PathLike, name: str = "distance") -> dict[str, Path]:
-        """Write `<name>.csv` (scores), `<name>_mass.csv` (histogram data), `<name>.html`."""
+        """Write `<name>.csv` (scores), `<name>_mass.csv` and `<name>_rel_mass.csv` (histogram
+        data), `<name>.html`."""
         from nopeinterp.viz.html import atomic_write_text, write_report
 
         out = Path(out_dir)
         paths = {
             "csv": atomic_write_text(out / f"{name}.csv", self.table.to_csv(index=False)),
             "mass": atomic_write_text(out / f"{name}_mass.csv", self.mass.to_csv(index=False)),
+            "rel_mass": atomic_write_text(
+                out / f"{name}_rel_mass.csv", self.rel_mass.to_csv(index=False)
+            ),
         }
         sections = [(f"Distance dependence ({s})", self.heatmap(s)) for s in self.splits]
         sections.append(("Attention mass by distance", self.histogram()))
@@ -280,7 +309,7 @@ def distance_dependence(
         layer: (f"blocks.{layer}.attn.hook_attn_scores", f"blocks.{layer}.attn.hook_pattern")
         for layer in layers
     }
-    rows, mass_rows = [], []
+    rows, mass_rows, rel_rows = [], [], []
     for split, s in sets.items():
         stats = {layer: DistanceStats(H) for layer in layers}
         for _, mask, acts in stream(
@@ -300,8 +329,20 @@ def distance_dependence(
         for layer in layers:
             st = stats[layer]
             r2, profile = st.solve()
-            mass = st.mass_per_row()
+            mass, (rel_mass, rel_uniform) = st.mass_per_row(), st.rel_mass_per_row()
             for h in range(H):
+                rel_rows += [
+                    {
+                        "split": split,
+                        "layer": layer,
+                        "head": h,
+                        "rel_lo": b / REL_BINS,
+                        "rel_hi": (b + 1) / REL_BINS,
+                        "mass": float(rel_mass[h, b]),
+                        "uniform": float(rel_uniform[b]),
+                    }
+                    for b in range(REL_BINS)
+                ]
                 rows.append(
                     {
                         "split": split,
@@ -335,6 +376,7 @@ def distance_dependence(
         pd.DataFrame(rows, columns=TABLE_COLUMNS),
         pd.DataFrame(mass_rows, columns=MASS_COLUMNS),
         meta,
+        rel_mass=pd.DataFrame(rel_rows, columns=REL_MASS_COLUMNS),
     )
 
 
