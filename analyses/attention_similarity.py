@@ -13,6 +13,12 @@ layers ("all": each example's layer mean first), ID vs OOD. It is run twice:
 - paper-compatible: `paper_compat=True`, the official code's "jsd" (0.5 (KL(M||P) + KL(M||Q)),
   unbounded), its head pairs (i < j only) and row 0 included: the number to set beside the
   paper's (NoPE' 0.26/0.29, T5 0.25/0.30, ALiBi 0.44/0.62, APE 0.65/0.89, Rotary 0.90/1.22).
+
+Both on seed 0 (`<task>-<pe>.pt`, NoPE-prime `<task>-nope-seed1.pt`). If the folders hold
+further seeds of every PE (`<task>-<pe>-seed<k>.pt`, see train_reference.py --seeds), the true
+JSD is also computed per seed s, NoPE seed s against each PE's seed s, NoPE-prime being the
+next NoPE seed (s + 1, cyclically), as the paper averages over seeds: the spread across
+training runs, which the bootstrap over examples does not see.
 """
 
 from __future__ import annotations
@@ -57,6 +63,49 @@ def side_by_side(ours: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     return out[[*KEY, "n", *[c for c in out.columns if c not in [*KEY, "n"]]]].reset_index(
         drop=True
     )
+
+
+def seed_name(task: str, pe: str, seed: int) -> str:
+    return f"{task}-{pe}" + (f"-seed{seed}" if seed else "")
+
+
+def across_seeds(infos: dict, task: str, common: dict) -> pd.DataFrame:
+    """True-JSD ranking per seed with a complete set of PEs (see the module docstring)."""
+    from nopeinterp.similarity import compare_attention
+
+    pes = sorted({i.pe for i in infos.values() if i.pe != "nope"})
+    seeds = sorted(
+        s
+        for s in {i.seed for i in infos.values()}
+        if all(seed_name(task, pe, s) in infos for pe in ["nope", *pes])
+    )
+    if len(seeds) < 2:
+        return pd.DataFrame()
+    rankings = []
+    for k, s in enumerate(seeds):
+        prime = seeds[(k + 1) % len(seeds)]
+        t0 = time.perf_counter()
+        result = compare_attention(
+            infos[seed_name(task, "nope", s)].load(),
+            {pe: infos[seed_name(task, pe, s)].load() for pe in pes},
+            nope_prime=infos[seed_name(task, "nope", prime)].load(),
+            heads="min",
+            **common,
+        )
+        print(
+            f"  seed {s} (NoPE-prime: seed {prime}): {time.perf_counter() - t0:.1f} s", flush=True
+        )
+        rankings.append(result.ranking.assign(seed=s, nope_prime_seed=prime))
+    return pd.concat(rankings, ignore_index=True)
+
+
+def seed_summary(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """Per (split, ref): mean, min and max over seeds of the true JSD, and the ranks it got."""
+    g = per_seed.groupby(["split", "ref"], sort=False)
+    out = g["mean"].agg(jsd_mean_over_seeds="mean", jsd_min="min", jsd_max="max", n_seeds="count")
+    out["ranks"] = g["rank"].agg(lambda r: " ".join(str(int(x)) for x in r))
+    out = out.reset_index().sort_values(["split", "jsd_mean_over_seeds"], kind="stable")
+    return out.reset_index(drop=True)
 
 
 def main(argv=None) -> list[Path]:
@@ -130,6 +179,23 @@ def main(argv=None) -> list[Path]:
         *write_figure(ours.figure(), out, "attention_similarity_jsd"),
         *write_figure(paper.figure(), out, "attention_similarity_paper_jsd"),
     ]  # fmt: skip
+    per_seed = across_seeds(infos, args.task, common={k: v for k, v in common.items()
+                                                        if k != "nope_prime"})  # fmt: skip
+    if len(per_seed):
+        summary = seed_summary(per_seed)
+        print("\n== True JSD across training seeds (NoPE seed s vs PE seed s) ==")
+        print(summary.to_string(**fmt))
+        seed_notes = notes + (
+            " Per seed s: NoPE seed s vs each PE's seed s, NoPE-prime = NoPE seed s+1 "
+            "(cyclically); ranks: the rank in each seed, in seed order."
+        )
+        paths += [
+            *write_table(per_seed, out, "attention_similarity_seeds",
+                         title="True JSD ranking per training seed", notes=seed_notes),
+            *write_table(summary, out, "attention_similarity_seed_summary",
+                         title="True JSD across training seeds (mean, min, max)",
+                         notes=seed_notes),
+        ]  # fmt: skip
     print_written(paths)
     return paths
 

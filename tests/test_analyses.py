@@ -218,3 +218,28 @@ def test_attention_similarity(ckpt_dir, tmp_path, capsys):
     assert {"split", "jsd_rank", "ref", "jsd_mean", "paper_jsd_rank", "paper_reported"} <= set(
         ranking
     )
+    assert not (tmp_path / "attention_similarity_seeds.csv").exists()  # one seed of t5/alibi
+
+
+def test_attention_similarity_across_seeds(ckpt_dir, tmp_path):
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    for pe, seed in [("nope", 2), ("t5", 1), ("alibi", 1), ("t5", 2), ("alibi", 2)]:
+        source = ckpt_dir / f"scan-{pe}.pt"  # the same weights under another seed's name
+        shutil.copy(source, seeds / f"scan-{pe}-seed{seed}.pt")
+    out = tmp_path / "out"
+    paths = load_script("attention_similarity").main(
+        ["--checkpoints", str(ckpt_dir), str(seeds), "--quick", "--out", str(out),
+         "--n-boot", "20"]
+    )  # fmt: skip
+    assert out / "attention_similarity_seed_summary.csv" in paths
+    per_seed = read(out, "attention_similarity_seeds")
+    assert set(per_seed.seed) == {0, 1, 2}
+    assert dict(zip(per_seed.seed, per_seed.nope_prime_seed, strict=False)) == {0: 1, 1: 2, 2: 0}
+    summary = read(out, "attention_similarity_seed_summary")
+    assert set(summary.ref) == {"t5", "alibi", "nope_prime"} and (summary.n_seeds == 3).all()
+    assert (summary.jsd_min <= summary.jsd_mean_over_seeds + 1e-12).all()
+    assert (summary.jsd_mean_over_seeds <= summary.jsd_max + 1e-12).all()
+    # seed 2's NoPE has seed 0's weights and is compared with NoPE seed 0 as its NoPE-prime
+    s2 = per_seed[(per_seed.seed == 2) & (per_seed.ref == "nope_prime")]
+    assert s2["mean"].abs().max() < 1e-9
