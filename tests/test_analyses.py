@@ -165,6 +165,10 @@ def test_length_generalization(ckpt_dir, tmp_path, capsys):
     assert set(mrr.pe[mrr.among == "all"]) == {"nope", "t5", "ape", "alibi"}
     assert set(mrr.pe[mrr.among == "paper"]) == {"nope", "t5", "alibi"}
     assert mrr.mrr.between(0, 1).all()
+    by_pe = read(tmp_path, "length_generalization_seeds")
+    assert list(by_pe.columns) == ["task", "pe", "ID_mean", "OOD_mean", "OOD_min", "OOD_max",
+                                   "n_seeds"]  # fmt: skip
+    assert by_pe.set_index(["task", "pe"]).n_seeds[("copy", "nope")] == 2  # seeds 0 and 1
     ranks = read(tmp_path, "length_generalization_ranks")
     assert set(ranks.seed) == {0}  # the NoPE-prime seed is no split of its own
 
