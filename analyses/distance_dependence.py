@@ -13,8 +13,9 @@ A distance in tokens means different things in rows of different lengths, so the
 read off the relative histogram (`rel_mass`: key binned by d / n within its own row, 10 bins):
 per (checkpoint, split, layer), mean over heads, `near` = the most recent tenth of the row
 (d / n < 0.1), `far` = the oldest tenth (d / n >= 0.9, the first tokens), `middle` = the rest;
-`near_uniform` / `far_uniform` = what uniform attention over the same rows puts there. A bimodal
-layer has both `near` and `far` above their uniform shares.
+`near_uniform` / `far_uniform` = what uniform attention over the same rows puts there; per head
+too, with `bimodal` = near and far both at least BIMODAL_FACTOR (1.5) times their uniform
+shares, counted per layer in `bimodal_heads`.
 """
 
 from __future__ import annotations
@@ -31,19 +32,34 @@ from _common import discover, parser, print_written, task_filter, write_figure, 
 IDENT = ["checkpoint", "task", "pe", "seed"]
 
 
-def mass_summary(rel_mass: pd.DataFrame) -> pd.DataFrame:
-    """near (d/n < 0.1), middle, far (d/n >= 0.9) attention mass, mean over heads, and the
-    uniform-attention shares of near and far."""
+BIMODAL_FACTOR = 1.5  # a head is "bimodal" with near and far both >= 1.5x their uniform shares
+
+
+def head_bands(rel_mass: pd.DataFrame) -> pd.DataFrame:
+    """Per head: near (d/n < 0.1), middle, far (d/n >= 0.9) attention mass, the uniform
+    shares of near and far, and whether the head is bimodal (see BIMODAL_FACTOR)."""
     m = rel_mass.copy()
     m["band"] = "middle"
     m.loc[m["rel_lo"] >= 0.9 - 1e-9, "band"] = "far"
     m.loc[m["rel_hi"] <= 0.1 + 1e-9, "band"] = "near"
-    keys = IDENT + ["split", "layer"]
-    per_head = m.groupby(keys + ["head", "band"], sort=False)[["mass", "uniform"]].sum()
-    wide = per_head["mass"].unstack("band").reindex(columns=["near", "middle", "far"])
-    out = wide.fillna(0.0).groupby(keys, sort=False).mean()
-    uniform = per_head["uniform"].unstack("band").groupby(keys, sort=False).first()
+    keys = IDENT + ["split", "layer", "head"]
+    sums = m.groupby(keys + ["band"], sort=False)[["mass", "uniform"]].sum()
+    out = sums["mass"].unstack("band").reindex(columns=["near", "middle", "far"]).fillna(0.0)
+    uniform = sums["uniform"].unstack("band")
     out["near_uniform"], out["far_uniform"] = uniform["near"], uniform["far"]
+    out["bimodal"] = (out["near"] >= BIMODAL_FACTOR * out["near_uniform"]) & (
+        out["far"] >= BIMODAL_FACTOR * out["far_uniform"]
+    )
+    return out.reset_index()
+
+
+def mass_summary(heads: pd.DataFrame) -> pd.DataFrame:
+    """`head_bands` per (checkpoint, split, layer): mean over heads, bimodal heads counted."""
+    keys = IDENT + ["split", "layer"]
+    g = heads.groupby(keys, sort=False)
+    out = g[["near", "middle", "far", "near_uniform", "far_uniform"]].mean()
+    out["bimodal_heads"] = g["bimodal"].sum().astype(int)
+    out["heads"] = g.size()
     return out.reset_index()
 
 
@@ -158,7 +174,8 @@ def main(argv=None) -> list[Path]:
     )
     wide.columns = [f"head {h}" for h in wide.columns]
     wide = wide.assign(mean=wide.mean(axis=1), max=wide.max(axis=1)).reset_index()
-    bands = mass_summary(rel_mass)
+    heads = head_bands(rel_mass)
+    bands = mass_summary(heads)
 
     pd.set_option("display.width", 250)
     fmt = {"float_format": lambda v: f"{v:.3f}", "index": False}
@@ -187,7 +204,10 @@ def main(argv=None) -> list[Path]:
                      title="Attention mass near (d/n < 0.1), middle, far (d/n >= 0.9)",
                      notes=setting + " d/n: distance relative to the query's own row (0 = "
                      "itself, 1 = the first token); mean over heads; near_uniform / far_uniform:"
-                     " uniform attention over the same rows."),
+                     f" uniform attention over the same rows. bimodal_heads: heads with near and "
+                     f"far both >= {BIMODAL_FACTOR}x their uniform shares."),
+        *write_table(heads, out, "attention_distance_bands_per_head",
+                     title="Attention mass near / middle / far per head", notes=setting),
         *write_figure(score_figure(table), out, "distance_dependence"),
         *write_figure(histogram_figure(mass), out, "attention_distance_histogram"),
         *write_figure(histogram_figure(rel_mass.assign(rel=(rel_mass.rel_lo + rel_mass.rel_hi) / 2), "rel",

@@ -198,6 +198,12 @@ def test_distance_dependence(ckpt_dir, tmp_path):
     total = bands[["near", "middle", "far"]].sum(axis=1)
     assert total.to_numpy() == pytest.approx(1.0, abs=1e-6)  # the histogram sums to 1
     assert bands[["near_uniform", "far_uniform"]].gt(0).all().all()
+    per_head = read(tmp_path, "attention_distance_bands_per_head")
+    assert {"head", "near", "far", "bimodal"} <= set(per_head)
+    counts = per_head.groupby(["checkpoint", "split", "layer"]).bimodal.sum()
+    assert bands.set_index(
+        ["checkpoint", "split", "layer"]
+    ).bimodal_heads.sort_index().tolist() == (counts.sort_index().tolist())
     hist = read(tmp_path, "attention_distance_histogram")
     assert {"checkpoint", "pe", "split", "layer", "head", "distance", "mass"} <= set(hist)
     rel = read(tmp_path, "attention_relative_distance_histogram")
