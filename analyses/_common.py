@@ -96,6 +96,16 @@ def task_filter(args) -> list[str] | None:
     return [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
 
 
+def over_seeds(df: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataFrame:
+    """Mean, min and max over training seeds of each of `values` per `keys` (df: one row per
+    checkpoint and `keys`), and n_seeds: the spread across training runs."""
+    g = df.groupby(keys, sort=False)
+    out = g[values].agg(["mean", "min", "max"])
+    out.columns = [f"{value}_{stat}" for value, stat in out.columns]
+    out["n_seeds"] = g.size()
+    return out.reset_index()
+
+
 def _cell(v) -> str:
     if isinstance(v, float):
         return "" if math.isnan(v) else f"{v:.4g}"

@@ -27,7 +27,15 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import discover, parser, print_written, task_filter, write_figure, write_table  # noqa: E402
+from _common import (  # noqa: E402
+    discover,
+    over_seeds,
+    parser,
+    print_written,
+    task_filter,
+    write_figure,
+    write_table,
+)
 
 IDENT = ["checkpoint", "task", "pe", "seed"]
 
@@ -176,6 +184,11 @@ def main(argv=None) -> list[Path]:
     wide = wide.assign(mean=wide.mean(axis=1), max=wide.max(axis=1)).reset_index()
     heads = head_bands(rel_mass)
     bands = mass_summary(heads)
+    keys = ["task", "pe", "split", "layer"]
+    scores = wide.rename(columns={"mean": "score_mean_heads", "max": "score_max_heads"})
+    by_pe = over_seeds(scores, keys, ["score_mean_heads", "score_max_heads"]).merge(
+        over_seeds(bands, keys, ["near", "far", "bimodal_heads"]).drop(columns="n_seeds"), on=keys
+    )
 
     pd.set_option("display.width", 250)
     fmt = {"float_format": lambda v: f"{v:.3f}", "index": False}
@@ -208,6 +221,9 @@ def main(argv=None) -> list[Path]:
                      f"far both >= {BIMODAL_FACTOR}x their uniform shares."),
         *write_table(heads, out, "attention_distance_bands_per_head",
                      title="Attention mass near / middle / far per head", notes=setting),
+        *write_table(by_pe, out, "distance_dependence_seeds",
+                     title="Distance-dependence score (mean / max over heads) and near / far mass "
+                     "per PE and layer, over training seeds (mean, min, max)", notes=setting),
         *write_figure(score_figure(table), out, "distance_dependence"),
         *write_figure(histogram_figure(mass), out, "attention_distance_histogram"),
         *write_figure(histogram_figure(rel_mass.assign(rel=(rel_mass.rel_lo + rel_mass.rel_hi) / 2), "rel",

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     PE_ORDER,
     discover,
+    over_seeds,
     parser,
     print_written,
     task_filter,
@@ -77,17 +78,6 @@ def mean_reciprocal_rank(ood: pd.DataFrame, pes=None) -> tuple[pd.DataFrame, pd.
     )
     mrr["paper_mrr"] = mrr["pe"].map(PAPER_MRR)
     return ranks, mrr.reset_index(drop=True)
-
-
-def across_seeds(wide: pd.DataFrame) -> pd.DataFrame:
-    """Per (task, PE): ID and OOD exact match, mean and range over the training seeds."""
-    g = wide.groupby(["task", "pe"], sort=False)
-    out = (
-        g["ID"]
-        .agg(ID_mean="mean")
-        .join(g["OOD"].agg(OOD_mean="mean", OOD_min="min", OOD_max="max", n_seeds="count"))
-    )
-    return out.reset_index()
 
 
 def figure(table: pd.DataFrame):
@@ -173,7 +163,7 @@ def main(argv=None) -> list[Path]:
     wide.columns.name = None
     wide["_pe"] = wide["pe"].map(PE_ORDER.index)
     wide = wide.sort_values(["task", "seed", "_pe"]).drop(columns="_pe").reset_index(drop=True)
-    by_pe = across_seeds(wide)
+    by_pe = over_seeds(wide, ["task", "pe"], ["ID", "OOD"])
     ood = ood_accuracy(table)
     ranked = {name: mean_reciprocal_rank(ood, pes) for name, pes in PE_SETS.items()}
     ranks = pd.concat([r.assign(among=name) for name, (r, _) in ranked.items()], ignore_index=True)

@@ -21,7 +21,18 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import discover, parser, print_written, task_filter, write_figure, write_table  # noqa: E402
+from _common import (  # noqa: E402
+    discover,
+    over_seeds,
+    parser,
+    print_written,
+    task_filter,
+    write_figure,
+    write_table,
+)
+
+SEED_VALUES = ["ID r2", "OOD r2", "ID r2 [random_init]", "OOD r2 [random_init]", "ID mae",
+               "OOD mae", "ID mae [random_init]", "OOD mae [random_init]"]  # fmt: skip
 
 
 def figure(table: pd.DataFrame):
@@ -95,6 +106,7 @@ def main(argv=None) -> list[Path]:
     front = ["checkpoint", "task", "pe", "seed"]
     table = table[front + [c for c in table.columns if c not in front]]
     pivot = pd.concat(pivots, ignore_index=True)
+    by_pe = over_seeds(pivot, ["task", "pe", "layer"], [v for v in SEED_VALUES if v in pivot])
 
     pd.set_option("display.width", 250)
     print("\n== Position probes: R2 / MAE per layer ([random_init] = same PE, untrained) ==")
@@ -109,6 +121,9 @@ def main(argv=None) -> list[Path]:
     paths = [
         *write_table(table, out, "position_probes", title="Position probes (tidy)", notes=setting),
         *write_table(pivot, out, "position_probes_pivot", title="Position probes: R2 and MAE per layer",
+                     notes=setting),
+        *write_table(by_pe, out, "position_probes_seeds",
+                     title="Position probes per PE and layer over training seeds (mean, min, max)",
                      notes=setting),
         *write_figure(figure(table), out, "position_probes"),
     ]  # fmt: skip

@@ -99,6 +99,14 @@ def test_discover_several_folders_first_wins(ckpt_dir, tmp_path):
         common.discover([ckpt_dir, tmp_path / "missing"])
 
 
+def test_over_seeds():
+    common = load_script("_common")
+    df = pd.DataFrame({"pe": ["a", "a", "a", "b"], "x": [1.0, 2.0, 6.0, 5.0]})
+    out = common.over_seeds(df, ["pe"], ["x"]).set_index("pe")
+    assert out.loc["a"].tolist() == [3.0, 1.0, 6.0, 3] and out.loc["b"].tolist() == [5, 5, 5, 1]
+    assert list(out.columns) == ["x_mean", "x_min", "x_max", "n_seeds"]
+
+
 def test_markdown_formatter():
     common = load_script("_common")
     text = common.to_markdown(pd.DataFrame({"a": ["x|y", "z"], "b": [0.123456, math.nan]}))
@@ -166,8 +174,8 @@ def test_length_generalization(ckpt_dir, tmp_path, capsys):
     assert set(mrr.pe[mrr.among == "paper"]) == {"nope", "t5", "alibi"}
     assert mrr.mrr.between(0, 1).all()
     by_pe = read(tmp_path, "length_generalization_seeds")
-    assert list(by_pe.columns) == ["task", "pe", "ID_mean", "OOD_mean", "OOD_min", "OOD_max",
-                                   "n_seeds"]  # fmt: skip
+    assert list(by_pe.columns) == ["task", "pe", "ID_mean", "ID_min", "ID_max", "OOD_mean",
+                                   "OOD_min", "OOD_max", "n_seeds"]  # fmt: skip
     assert by_pe.set_index(["task", "pe"]).n_seeds[("copy", "nope")] == 2  # seeds 0 and 1
     ranks = read(tmp_path, "length_generalization_ranks")
     assert set(ranks.seed) == {0}  # the NoPE-prime seed is no split of its own
@@ -184,6 +192,12 @@ def test_position_probes(ckpt_dir, tmp_path):
     assert set(table.layer) == {0, 1, 2}
     pivot = read(tmp_path, "position_probes_pivot")
     assert {"checkpoint", "pe", "layer", "ID r2", "ID mae", "ID r2 [random_init]"} <= set(pivot)
+    by_pe = read(tmp_path, "position_probes_seeds")
+    nope = by_pe[(by_pe.pe == "nope") & (by_pe.layer == 1)].iloc[0]
+    assert nope.n_seeds == 2  # copy-nope and copy-nope-seed1
+    rows = pivot[(pivot.pe == "nope") & (pivot.layer == 1)]["OOD r2"]
+    assert nope["OOD r2_mean"] == pytest.approx(rows.mean())
+    assert (nope["OOD r2_min"], nope["OOD r2_max"]) == pytest.approx((rows.min(), rows.max()))
 
 
 def test_distance_dependence(ckpt_dir, tmp_path):
@@ -206,6 +220,10 @@ def test_distance_dependence(ckpt_dir, tmp_path):
     ).bimodal_heads.sort_index().tolist() == (counts.sort_index().tolist())
     hist = read(tmp_path, "attention_distance_histogram")
     assert {"checkpoint", "pe", "split", "layer", "head", "distance", "mass"} <= set(hist)
+    by_pe = read(tmp_path, "distance_dependence_seeds")
+    assert {"score_mean_heads_mean", "score_max_heads_max", "near_mean", "far_max",
+            "bimodal_heads_mean", "n_seeds"} <= set(by_pe)  # fmt: skip
+    assert by_pe.set_index(["pe", "split", "layer"]).n_seeds[("nope", "ID", 0)] == 2
     rel = read(tmp_path, "attention_relative_distance_histogram")
     assert {"checkpoint", "split", "layer", "head", "rel_lo", "rel_hi", "mass", "uniform"} <= set(
         rel
