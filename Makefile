@@ -22,9 +22,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-bench: $(STAMP)
+bench: $(STAMP)  ## one torch thread: how training runs here (two single-threaded jobs), and less noisy
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) -m bench
+	$(PY) -m bench --threads 1
 
 checkpoints: $(STAMP)  ## retrain every reference checkpoint (slow: see checkpoints/README.md)
 	$(PY) analyses/train_reference.py

@@ -146,6 +146,21 @@ def test_layernorm_hooks_still_fire_and_carry_tl_values(tiny):
     torch.testing.assert_close(logits, model(toks))  # hooked (TL) path = fused path
 
 
+def test_learned_position_embedding_matches_transformerlens(tiny):
+    from transformer_lens.components import PosEmbed
+
+    pos_embed = tiny("ape").pos_embed
+    toks = tokens(3, 8)
+    right = torch.ones(3, 8, dtype=torch.long)
+    right[0, 5:] = 0  # right padding: the sliced path
+    right[2, :] = 0
+    left = right.flip(1)  # left padding: TL's path
+    for mask, offset in [(None, 0), (right, 0), (left, 0), (right, 3)]:
+        t = toks[:, offset:]
+        ours = pos_embed(t, offset, mask)
+        torch.testing.assert_close(ours, PosEmbed.forward(pos_embed, t, offset, mask))
+
+
 @pytest.mark.parametrize(
     "setter, hook",
     [("set_use_split_qkv_input", "hook_q_input"), ("set_use_attn_result", "hook_result")],

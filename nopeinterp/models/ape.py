@@ -10,14 +10,34 @@ import math
 
 import torch
 from torch import nn
+from transformer_lens.components import PosEmbed
 from transformer_lens.utilities import get_offset_position_ids
 
 from nopeinterp.models.base import PETransformer
 
 
+class SlicedPosEmbed(PosEmbed):
+    """TL's learned PosEmbed. When every row of the attention mask is real tokens then padding
+    (no left padding: what training and teacher forcing give), the position ids are 0..T-1, so a
+    slice of W_pos replaces TL's per-token gather and the scatter in its backward; otherwise,
+    TL's own forward. Pads get 0, as in TL."""
+
+    def forward(self, tokens, past_kv_pos_offset=0, attention_mask=None):
+        if attention_mask is None or not bool(
+            (attention_mask[:, 1:] <= attention_mask[:, :-1]).all()
+        ):
+            return super().forward(tokens, past_kv_pos_offset, attention_mask)
+        end = past_kv_pos_offset + tokens.size(-1)
+        pad = ~attention_mask[:, past_kv_pos_offset:end].bool()
+        return torch.where(pad[..., None], 0, self.W_pos[past_kv_pos_offset:end])
+
+
 class LearnedAPETransformer(PETransformer):
     pe = "ape"
     absolute_embedding = True
+
+    def configure_positional_encoding(self):
+        self.pos_embed = SlicedPosEmbed(self.cfg)
 
     def get_residual(self, embed, pos_offset, *args, **kwargs):
         end = pos_offset + embed.shape[1]
