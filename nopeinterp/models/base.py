@@ -11,9 +11,9 @@ subclass of `PETransformer`. A subclass says three things:
     `attn.hook_position_bias`.
 Everything else (MLPs, hooks, caching, generation) is stock TransformerLens. The block,
 LayerNorm and attention forwards are TL's minus work our configurations never need
-(`PEBlock`, `FusedLayerNorm`, `PEAttention`: about 20% of a training step on CPU); each falls
-back to TL's own forward when a feature it skips is on, and tests/test_models.py checks them
-against TL's forwards and gradients for every PE.
+(`PEBlock`, `FusedLayerNorm`, `PEAttention`: about 30% of a training step on CPU, see
+bench/RESULTS.md); each falls back to TL's own forward when a feature it skips is on, and
+tests/test_models.py checks them against TL's forwards and gradients for every PE.
 """
 
 from __future__ import annotations
@@ -63,10 +63,10 @@ class PEAttention(Attention):
     The bias module is owned by the model (so T5's table can be shared by all layers) and is
     kept here in a list, outside the module tree, so the state dict holds it once.
 
-    `forward` is TL 3.9's for our configurations minus two full passes over the scores per
-    layer: the NaN clean-up after the softmax, which only a row whose keys are all padding
-    needs (left padding), and the copy of W_O. Same hook points, same values; with any TL
-    feature it does not cover (e.g. `use_attn_result`), TL's own forward runs.
+    `forward` is TL 3.9's for our configurations minus the NaN clean-up pass over the pattern
+    after the softmax, which only a row whose keys are all padding needs (left padding), and
+    minus a copy of W_O per call. Same hook points, same values; with any TL feature it does
+    not cover (e.g. `use_attn_result`), TL's own forward runs.
     """
 
     def __init__(self, cfg, attn_type="global", layer_id=None, position_bias=None):
@@ -138,8 +138,8 @@ class PEAttention(Attention):
 class FusedLayerNorm(LayerNorm):
     """TL's LayerNorm as one `F.layer_norm` kernel (same formula: biased variance, eps inside
     the square root), unless a hook watches its internals (`hook_scale`, `hook_normalized`):
-    then TL's step-by-step forward runs, so caching and patching those points work as before.
-    TL's version is eight elementwise ops, each with its own backward: a tenth of a train step.
+    then TL's step-by-step forward runs (eight elementwise ops, each with its own backward),
+    so caching and patching those points work as before.
     """
 
     def forward(self, x):
