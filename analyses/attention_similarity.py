@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import discover, parser, print_written, write_figure, write_table  # noqa: E402
+from _common import discover, over_seeds, parser, print_written, write_figure, write_table  # noqa: E402
 
 # Kazemnejad et al. 2023, SCAN, mean over lengths, their "jsd" (= our paper_compat); their
 # APE is sinusoidal.
@@ -101,10 +101,15 @@ def across_seeds(infos: dict, task: str, common: dict) -> pd.DataFrame:
 
 def seed_summary(per_seed: pd.DataFrame) -> pd.DataFrame:
     """Per (split, ref): mean, min and max over seeds of the true JSD, and the ranks it got."""
-    g = per_seed.groupby(["split", "ref"], sort=False)
-    out = g["mean"].agg(jsd_mean_over_seeds="mean", jsd_min="min", jsd_max="max", n_seeds="count")
-    out["ranks"] = g["rank"].agg(lambda r: " ".join(str(int(x)) for x in r))
-    out = out.reset_index().sort_values(["split", "jsd_mean_over_seeds"], kind="stable")
+    keys = ["split", "ref"]
+    out = over_seeds(per_seed, keys, ["mean"]).rename(
+        columns={"mean_mean": "jsd_mean_over_seeds", "mean_min": "jsd_min", "mean_max": "jsd_max"}
+    )
+    ranks = per_seed.groupby(keys, sort=False)["rank"].agg(
+        lambda r: " ".join(str(int(x)) for x in r)
+    )
+    out = out.merge(ranks.rename("ranks").reset_index(), on=keys)
+    out = out.sort_values(["split", "jsd_mean_over_seeds"], kind="stable")
     return out.reset_index(drop=True)
 
 
