@@ -272,13 +272,21 @@ def _task_sets(task, tok, *, purpose, id_r, ood_r, n_train, n_eval, n_per_length
 def _as_sequences(name, obj, attention_mask=None, lengths=None) -> Sequences:
     if isinstance(obj, Sequences):
         return replace(obj, split=name)
-    if hasattr(obj, "tokens"):
+    if isinstance(obj, Mapping) and "tokens" in obj:
+        obj, attention_mask, lengths = (
+            obj["tokens"],
+            obj.get("attention_mask"),
+            obj.get("lengths"),
+        )
+    elif hasattr(obj, "tokens"):
         obj, attention_mask, lengths = (
             obj.tokens,
             getattr(obj, "attention_mask", None),
             getattr(obj, "lengths", None),
         )
     tokens = torch.as_tensor(obj).long()
+    if tokens.numel() == 0:
+        raise ValueError("no examples in data: no token ids given")
     if tokens.ndim == 1:
         tokens = tokens[None]
     if tokens.ndim != 2:
@@ -410,7 +418,7 @@ def make_sequences(
 
     if isinstance(data, Sequences):
         data = {data.split: data}
-    if isinstance(data, Mapping):
+    if isinstance(data, Mapping) and "tokens" not in data:
         named = {}
         for key, obj in data.items():
             k = {"train": "fit", "fit": "fit", "val": "val", "id": "ID", "ood": "OOD"}.get(

@@ -211,6 +211,7 @@ def compare_attention(
     layers=None,
     n_per_length: int = 10,
     id_lengths: tuple[int, int] | None = None,
+    ood_lengths: tuple[int, int] | None = None,
     example_layer: int = 0,
     progress: bool = True,
     title: str | None = None,
@@ -221,7 +222,8 @@ def compare_attention(
     data: anything `nopeinterp.data.make_sequences` takes. None -> the task recorded in NoPE's
     checkpoint, with its task options; a task (None or given) is sampled the paper's way,
     `n_per_length` held-out examples at every ID and OOD length.
-    heads / paper_compat / include_first_row / layers / batch_size / id_lengths: see
+    id_lengths / ood_lengths: the task's ranges to sample (or, for token data, the ID range).
+    heads / paper_compat / include_first_row / layers / batch_size: see
     `attention_divergence`. n_boot, seed: the bootstrap over examples (seed also draws the
     task examples). A model with a learned position table is compared on the sequences it
     can read (counted in meta["dropped"]).
@@ -238,7 +240,14 @@ def compare_attention(
     for name, other in loaded.items():
         _check_same_setup(base, other, name)
 
-    sets = make_sequences(data, base, n_per_length=n_per_length, id_lengths=id_lengths, seed=seed)
+    sets = make_sequences(
+        data,
+        base,
+        n_per_length=n_per_length,
+        id_lengths=id_lengths,
+        ood_lengths=ood_lengths,
+        seed=seed,
+    )
     # Each group of models that read the same number of positions sees what it can read.
     groups: dict = {}
     for name, other in loaded.items():
