@@ -120,25 +120,27 @@ def _length_range(lengths):
     return (min(lengths), max(lengths)) if lengths else None
 
 
-def _each_checkpoint(args, analyse, what: str) -> int:
-    """`analyse(path)` on the checkpoint, or on every checkpoint of a directory: print each
-    result's pivot table and save each under --out (a subfolder per checkpoint for a
-    directory)."""
+def _each_checkpoint(args, analyse, what: str, **params) -> int:
+    """`analyse(path, **flags)` on the checkpoint, or on every checkpoint of a directory: print
+    each result's pivot table and save each under --out (a subfolder per checkpoint for a
+    directory). The flags of `_analysis_flags` are passed on, with `params`."""
     import pandas as pd
 
     from nopeinterp.zoo import checkpoint_files
 
     paths = checkpoint_files(args.checkpoint)
     many = len(paths) > 1 or Path(args.checkpoint).is_dir()
+    flags = dict(
+        layers=args.layers,
+        id_lengths=_length_range(args.id_lengths),
+        ood_lengths=_length_range(args.ood_lengths),
+        n_eval=args.n_eval,
+        **params,
+    )
     pivots = []
     for path in paths:
-        result = analyse(path)
-        pivot = result.pivot()
-        pivots.append(
-            pivot.set_index(
-                pd.Index([path.stem] * len(pivot), name="checkpoint"), append=True
-            ).reorder_levels([-1, *range(pivot.index.nlevels)])
-        )
+        result = analyse(path, **flags)
+        pivots.append(pd.concat({path.stem: result.pivot()}, names=["checkpoint"]))
         if args.out:
             result.save(Path(args.out) / path.stem if many else args.out)
     print(what)
@@ -151,34 +153,15 @@ def _each_checkpoint(args, analyse, what: str) -> int:
 def cmd_probe_position(args) -> int:
     from nopeinterp.probing import probe_position
 
-    return _each_checkpoint(
-        args,
-        lambda path: probe_position(
-            path,
-            layers=args.layers,
-            id_lengths=_length_range(args.id_lengths),
-            ood_lengths=_length_range(args.ood_lengths),
-            n_train=args.n_train,
-            n_eval=args.n_eval,
-        ),
-        "position probes per layer ([random_init] = same config, untrained):",
-    )
+    what = "position probes per layer ([random_init] = same config, untrained):"
+    return _each_checkpoint(args, probe_position, what, n_train=args.n_train)
 
 
 def cmd_probe_distance(args) -> int:
     from nopeinterp.probing import distance_dependence
 
-    return _each_checkpoint(
-        args,
-        lambda path: distance_dependence(
-            path,
-            layers=args.layers,
-            id_lengths=_length_range(args.id_lengths),
-            ood_lengths=_length_range(args.ood_lengths),
-            n_eval=args.n_eval,
-        ),
-        "distance dependence (R2 of the logits on n - m) per layer and head:",
-    )
+    what = "distance dependence (R2 of the logits on n - m) per layer and head:"
+    return _each_checkpoint(args, distance_dependence, what)
 
 
 def cmd_compare_attention(args) -> int:
