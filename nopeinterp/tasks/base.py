@@ -110,9 +110,9 @@ class Task(ABC):
     ood_lengths: tuple[int, int]
     separator: str  # last word of every prompt
     bos: bool = True  # every encoded sequence starts with <bos> (see the module docstring)
-    # Items per length of the default eval sets; None = the whole pool (only where it is listed)
-    test_size: int | None = 100
-    val_size: int | None = 25
+    # Items per length of the default eval sets; "all" = the whole pool (only where it is listed)
+    test_size: int | str = 100
+    val_size: int | str = 25
 
     def __init__(
         self,
@@ -195,25 +195,27 @@ class Task(ABC):
         self,
         split: str = "test",
         *,
-        n_per_length: int | None = None,
+        n_per_length: int | str | None = None,
         lengths: LengthSpec = None,
         seed: int = 0,
     ) -> list[Example]:
         """The items a score is computed on: each distinct item at most once, sorted by length.
 
         ``split`` "test" (OOD lengths) or "val" (ID lengths, held-out part only); "train" is
-        refused (training draws batches with ``generate``). ``n_per_length`` defaults to
-        ``test_size`` / ``val_size``; None means the whole pool, which only tasks that can list
-        their items have (``pool``). A listed pool no larger than ``n_per_length`` is used
-        whole, a larger one is subsampled without replacement; otherwise distinct items are
-        drawn, giving up on a length after ``MAX_TRIES_PER_LENGTH`` repeats in a row.
+        refused (training draws batches with ``generate``). ``n_per_length``: an int, "all"
+        (the whole pool, only for tasks that can list their items: ``pool``) or None for the
+        task's default (``test_size`` / ``val_size``). A listed pool no larger than asked for
+        is used whole, a larger one is subsampled without replacement; otherwise distinct items
+        are drawn, giving up on a length after ``MAX_TRIES_PER_LENGTH`` repeats in a row.
         """
         if split not in ("val", "test"):
             raise TaskError(f"eval_set: split must be 'val' or 'test', got {split!r}")
         if n_per_length is None:
             n_per_length = self.test_size if split == "test" else self.val_size
-        if n_per_length is not None and n_per_length < 1:
-            raise TaskError(f"eval_set: n_per_length must be >= 1, got {n_per_length}")
+        if n_per_length == "all":
+            n_per_length = None
+        elif not isinstance(n_per_length, int) or n_per_length < 1:
+            raise TaskError(f"eval_set: n_per_length must be >= 1 or 'all', got {n_per_length!r}")
         id_lo, id_hi = self.id_lengths
         out: list[Example] = []
         for length in self._resolve_lengths(lengths, split):

@@ -122,8 +122,8 @@ class ScanTask(Task):
     variants = ("mdlen", "len")
     # Eval sets are whole pools: SCAN's test set is every OOD command once (the paper's), and
     # validation every held-out ID command (about 10% of the 17,774).
-    test_size = None
-    val_size = None
+    test_size = "all"
+    val_size = "all"
 
     def __init__(self, *, variant: str = "mdlen", bos: bool | None = None, **kwargs) -> None:
         if variant not in self.variants:

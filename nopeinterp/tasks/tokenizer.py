@@ -9,7 +9,7 @@ A post-processor prepends ``<bos>`` to every encoding; ``add_bos_token=True`` is
 TransformerLens detects that and does not add a second one (nor try to download a
 "bos-enabled" copy of the tokenizer). Built with ``bos=False`` (a task without a start token),
 the tokenizer has no post-processor and ``add_bos_token=False``: nothing ever prepends
-``<bos>`` (the id stays in the vocabulary, unused). ``adds_bos`` tells which kind a tokenizer is;
+``<bos>`` (the id stays in the vocabulary, unused; ``bos_token`` is None). ``adds_bos`` tells which kind a tokenizer is;
 the JSON form records ``"bos": false`` for such a tokenizer (absent means True: every
 tokenizer written before the option existed adds ``<bos>``).
 """
@@ -30,10 +30,13 @@ _JSON_FORMAT = "nopeinterp-word-tokenizer/1"
 
 
 def _wrap(backend: Tokenizer, bos: bool) -> PreTrainedTokenizerFast:
-    # transformers rebuilds the post-processor from add_bos_token (a "<bos> $A" template or "$A")
+    # transformers rebuilds the post-processor from add_bos_token (a "<bos> $A" template or "$A").
+    # Without a start token bos_token is None: TransformerLens then keeps this tokenizer instead
+    # of fetching a "bos-enabled" copy from the Hub (it sets bos_token = eos_token afterwards,
+    # which adds nothing: add_bos_token stays False, and that is what ``adds_bos`` reads).
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        bos_token=BOS,
+        bos_token=BOS if bos else None,
         eos_token=EOS,
         pad_token=PAD,
         unk_token=UNK,
