@@ -109,8 +109,8 @@ def test_scan_variants():
         assert cmd in all_commands() and b.target.split() == interpret(cmd)
     assert "Solve" not in length.vocab() and "Solve" in mdlen.vocab()
     # Both variants hold out the same commands for validation
-    strip = {e.prompt.removeprefix("Solve : ") for e in mdlen.eval_set("val")}
-    assert strip == {e.prompt for e in length.eval_set("val")}
+    strip = {e.prompt.removeprefix("Solve : ") for e in mdlen.eval_set("val", n_per_length="all")}
+    assert strip == {e.prompt for e in length.eval_set("val", n_per_length="all")}
 
 
 def test_scan_test_set_is_the_whole_ood_pool():
@@ -121,7 +121,7 @@ def test_scan_test_set_is_the_whole_ood_pool():
         cmds = [e.prompt.removeprefix("Solve : ").removesuffix(" [SEP]") for e in test]
         assert sorted(cmds) == ood  # every OOD command exactly once
         assert [e.length for e in test] == sorted(e.length for e in test)
-    val = get_task("scan").eval_set("val")
+    val = get_task("scan").eval_set("val", n_per_length="all")
     n_id = len(all_commands()) - len(ood)
     assert n_id == 17_774 and 0.08 * n_id < len(val) < 0.12 * n_id  # ~10% held out
     assert len({e.prompt for e in val}) == len(val)

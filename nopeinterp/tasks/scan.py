@@ -120,10 +120,9 @@ class ScanTask(Task):
     separator = SEP
     max_length = 48
     variants = ("mdlen", "len")
-    # Eval sets are whole pools: SCAN's test set is every OOD command once (the paper's), and
-    # validation every held-out ID command (about 10% of the 17,774).
+    # SCAN's test set is the whole OOD pool, every command once (the paper's); validation keeps
+    # the default 25 held-out commands per ID length (n_per_length="all": every held-out one).
     test_size = "all"
-    val_size = "all"
 
     def __init__(self, *, variant: str = "mdlen", bos: bool | None = None, **kwargs) -> None:
         if variant not in self.variants:
