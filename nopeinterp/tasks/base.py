@@ -18,6 +18,21 @@ two), so one side of the partition can be empty. ``generate`` gives up on such a
 after ``MAX_TRIES_PER_LENGTH`` consecutive rejections and draws from the remaining lengths
 instead, which keeps the splits disjoint at the cost of under-representing that length. If
 every requested length is exhausted it raises ``ValueError``.
+
+Evaluation sets
+---------------
+``generate`` samples with replacement (right for training batches). ``eval_set`` is what a
+score is computed on: every distinct item at most once. Where a task can list all items of a
+length (SCAN, the repeated-symbol copy splits) and the pool is no larger than asked for, the
+whole pool is used; otherwise distinct items are drawn. ``eval_set("test")`` with no size is
+the task's test set (``test_size``: the whole OOD pool where it can be listed, e.g. SCAN's
+3,136 commands); ``eval_set("val")`` is drawn from the held-out part of the ID lengths.
+
+Start token
+-----------
+``bos`` (a task option, default True) says whether every encoded sequence starts with
+``<bos>``. The tokenizer built for the task carries it (``task_tokenizer``), so training,
+evaluation, probes and ``model.to_tokens`` all see the same start (or none).
 """
 
 from __future__ import annotations
@@ -28,11 +43,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from nopeinterp.errors import NopeinterpError
+
 SPLITS = ("train", "val", "test")
 HELD_OUT_PERCENT = 10
 MAX_TRIES_PER_LENGTH = 200
 
 LengthSpec = int | tuple[int, int] | Iterable[int] | None
+
+
+class TaskError(NopeinterpError, ValueError):
+    """A bad task name, option or request (the CLI prints it as one line, exit status 2)."""
 
 
 @dataclass(frozen=True)
@@ -88,20 +109,29 @@ class Task(ABC):
     id_lengths: tuple[int, int]
     ood_lengths: tuple[int, int]
     separator: str  # last word of every prompt
+    bos: bool = True  # every encoded sequence starts with <bos> (see the module docstring)
+    # Items per length of the default eval sets; "all" = the whole pool (only where it is listed)
+    test_size: int | str = 100
+    val_size: int | str = 25
 
     def __init__(
         self,
         *,
         id_lengths: tuple[int, int] | None = None,
         ood_lengths: tuple[int, int] | None = None,
+        bos: bool | None = None,
     ) -> None:
+        if bos is not None:
+            if not isinstance(bos, bool):
+                raise TaskError(f"{self.name}: bos must be True or False, got {bos!r}")
+            self.bos = bos
         if id_lengths is not None:
             self.id_lengths = tuple(id_lengths)
         if ood_lengths is not None:
             self.ood_lengths = tuple(ood_lengths)
         for lo, hi in (self.id_lengths, self.ood_lengths):
             if not (self.min_length <= lo <= hi <= self.max_length):
-                raise ValueError(
+                raise TaskError(
                     f"{self.name}: length range ({lo}, {hi}) outside "
                     f"[{self.min_length}, {self.max_length}]"
                 )
@@ -122,6 +152,16 @@ class Task(ABC):
         """Whether any example of this length exists (SCAN has gaps)."""
         return self.min_length <= length <= self.max_length
 
+    def held_out(self, example: Example) -> bool:
+        """Whether ``example`` is in the held-out (val/test) pool: ``is_held_out`` of its prompt
+        (SCAN hashes the ``Solve :`` form, so its two variants hold out the same commands)."""
+        return is_held_out(example.prompt)
+
+    def pool(self, length: int) -> tuple[Example, ...] | None:
+        """Every distinct example of ``length`` in a fixed order, or None where there are too
+        many to list (random sequences). Tasks with small pools override this."""
+        return None
+
     def is_correct(self, example: Example, prediction: str) -> bool:
         """Exact match of the answer words, ignoring whitespace differences."""
         return normalize_words(prediction) == normalize_words(example.target)
@@ -133,7 +173,7 @@ class Task(ABC):
         elif split == "test":
             lo, hi = self.ood_lengths
         else:
-            raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+            raise TaskError(f"unknown split {split!r}; expected one of {SPLITS}")
         return range(lo, hi + 1)
 
     def _resolve_lengths(self, lengths: LengthSpec, split: str) -> list[int]:
@@ -148,8 +188,64 @@ class Task(ABC):
             out = sorted(set(lengths))
         bad = [n for n in out if not (self.min_length <= n <= self.max_length)]
         if not out or bad:
-            raise ValueError(f"{self.name}: invalid lengths {bad or out}")
+            raise TaskError(f"{self.name}: invalid lengths {bad or out}")
         return [n for n in out if self.has_length(n)]
+
+    def eval_set(
+        self,
+        split: str = "test",
+        *,
+        n_per_length: int | str | None = None,
+        lengths: LengthSpec = None,
+        seed: int = 0,
+    ) -> list[Example]:
+        """The items a score is computed on: each distinct item at most once, sorted by length.
+
+        ``split`` "test" (OOD lengths) or "val" (ID lengths, held-out part only); "train" is
+        refused (training draws batches with ``generate``). ``n_per_length``: an int, "all"
+        (the whole pool, only for tasks that can list their items: ``pool``) or None for the
+        task's default (``test_size`` / ``val_size``). A listed pool no larger than asked for
+        is used whole, a larger one is subsampled without replacement; otherwise distinct items
+        are drawn, giving up on a length after ``MAX_TRIES_PER_LENGTH`` repeats in a row.
+        """
+        if split not in ("val", "test"):
+            raise TaskError(f"eval_set: split must be 'val' or 'test', got {split!r}")
+        if n_per_length is None:
+            n_per_length = self.test_size if split == "test" else self.val_size
+        if n_per_length == "all":
+            n_per_length = None
+        elif not isinstance(n_per_length, int) or n_per_length < 1:
+            raise TaskError(f"eval_set: n_per_length must be >= 1 or 'all', got {n_per_length!r}")
+        id_lo, id_hi = self.id_lengths
+        out: list[Example] = []
+        for length in self._resolve_lengths(lengths, split):
+            rng = random.Random(f"nopeinterp/{self.name}/eval/{split}/{seed}/{length}")
+            partitioned = id_lo <= length <= id_hi  # where train could produce the same item
+
+            def keep(ex: Example, partitioned=partitioned) -> bool:
+                return not partitioned or self.held_out(ex)
+
+            listed = self.pool(length)
+            if listed is not None:
+                items = [ex for ex in listed if keep(ex)]
+                if n_per_length is not None and len(items) > n_per_length:
+                    items = rng.sample(items, n_per_length)
+                out += items
+                continue
+            if n_per_length is None:
+                raise TaskError(
+                    f"{self.name}: the items of length {length} cannot be listed; give n_per_length"
+                )
+            seen: dict[str, Example] = {}
+            misses = 0
+            while len(seen) < n_per_length and misses < MAX_TRIES_PER_LENGTH:
+                ex = self.sample(length, rng)
+                if keep(ex) and ex.prompt not in seen:
+                    seen[ex.prompt], misses = ex, 0
+                else:
+                    misses += 1
+            out += seen.values()
+        return out
 
     def generate(
         self,
@@ -167,17 +263,17 @@ class Task(ABC):
         val and test.
         """
         if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+            raise TaskError(f"unknown split {split!r}; expected one of {SPLITS}")
         candidates = self._resolve_lengths(lengths, split)
         if not candidates:
-            raise ValueError(f"{self.name}: no examples exist for lengths {lengths}")
+            raise TaskError(f"{self.name}: no examples exist for lengths {lengths}")
         id_lo, id_hi = self.id_lengths
         # str seeds are hashed with sha512 by random.Random: stable across runs.
         rng = random.Random(f"nopeinterp/{self.name}/{split}/{seed}")
         out: list[Example] = []
         while len(out) < n:
             if not candidates:
-                raise ValueError(
+                raise TaskError(
                     f"{self.name}: no {split} examples available for lengths {lengths} "
                     "under the train/held-out partition"
                 )
@@ -187,7 +283,7 @@ class Task(ABC):
             want_held_out = split != "train"
             for _ in range(MAX_TRIES_PER_LENGTH):
                 ex = self.sample(length, rng)
-                if not partitioned or is_held_out(ex.prompt) == want_held_out:
+                if not partitioned or self.held_out(ex) == want_held_out:
                     out.append(ex)
                     break
             else:

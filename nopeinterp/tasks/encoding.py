@@ -6,6 +6,8 @@ Layout of one row (``with_target=True``)::
     0     1 ...           P-1    P ...            L-1    L ...
 
 ``P`` = ``prompt_lengths`` (bos + prompt, separator included) and ``L`` the real length.
+A tokenizer without a start token (``adds_bos`` False, a task with ``bos=False``) gives the
+same layout without the ``<bos>`` column: row = prompt target <eos>, ``P`` = prompt words.
 
 Loss convention: the logits at position ``i`` predict token ``i + 1``. ``target_mask[i]`` is
 True exactly when token ``i + 1`` is a target word or the final ``<eos>``, i.e. for
@@ -21,6 +23,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from .base import Example
+from .tokenizer import adds_bos
 
 
 @dataclass
@@ -30,7 +33,7 @@ class Batch:
     tokens: torch.Tensor  # [B, T] long
     attention_mask: torch.Tensor  # [B, T] long, 1 on real tokens
     target_mask: torch.Tensor  # [B, T] bool, True where the NEXT token is target/<eos>
-    prompt_lengths: torch.Tensor  # [B] long, bos + prompt incl. separator
+    prompt_lengths: torch.Tensor  # [B] long, (bos +) prompt incl. separator
     lengths: torch.Tensor  # [B] long, the task's length of each example
 
     def __len__(self) -> int:
@@ -54,7 +57,8 @@ def _word_ids(tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 def encode_examples(tokenizer, examples: Sequence[Example], *, with_target: bool = True) -> Batch:
-    """Encode examples as ``<bos> prompt target <eos>`` (or ``<bos> prompt`` for generation).
+    """Encode examples as ``<bos> prompt target <eos>`` (or ``<bos> prompt`` for generation);
+    no ``<bos>`` when the tokenizer adds none (``adds_bos``).
 
     Rows are right-padded with the pad id. Raises ``ValueError`` if a word is not in the
     vocabulary (silently mapping to ``<unk>`` would hide task/tokenizer mismatches). See the
@@ -63,12 +67,13 @@ def encode_examples(tokenizer, examples: Sequence[Example], *, with_target: bool
     """
     if not examples:
         raise ValueError("no examples to encode")
-    bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    start = [tokenizer.bos_token_id] if adds_bos(tokenizer) else []
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     prompts = _word_ids(tokenizer, [ex.prompt for ex in examples])
     targets = _word_ids(tokenizer, [ex.target for ex in examples]) if with_target else None
     rows, prompt_lens, spans = [], [], []
     for i, prompt_ids in enumerate(prompts):
-        prompt = [bos, *prompt_ids]
+        prompt = [*start, *prompt_ids]
         row = prompt + ([*targets[i], eos] if with_target else [])
         rows.append(row)
         prompt_lens.append(len(prompt))

@@ -10,7 +10,13 @@ Grammar::
 
 which yields exactly 20,910 commands (34 V, 102 S, 102 + 2 * 102**2 C). The task format is
 ``Solve : {command} [SEP]`` -> the action words; length = number of output actions
-(1..48). The paper's length split trains on <= 25 actions and tests on 26-48.
+(1..48). The paper's length split trains on <= 25 actions and tests on 26-48: 17,774 ID
+commands and 3,136 OOD ones (the test set is that whole pool, each command once).
+
+Variants (the paper's two SCAN splits): ``mdlen`` (default) has the ``Solve :`` prefix;
+``len`` has no instruction prefix and, by default, no ``<bos>`` either (``bos=False``, as in
+the paper's T5 setup), so the first token a model sees is the command's first word.
+``get_task("scan", variant="len", bos=True)`` is the control with a start token back.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
-from .base import Example, Task
+from .base import Example, Task, TaskError, is_held_out
 
 SEP = "[SEP]"
 PRIMITIVES = ("walk", "look", "run", "jump")
@@ -113,18 +119,43 @@ class ScanTask(Task):
     ood_lengths = (26, 48)
     separator = SEP
     max_length = 48
+    variants = ("mdlen", "len")
+    # SCAN's test set is the whole OOD pool, every command once (the paper's); validation keeps
+    # the default 25 held-out commands per ID length (n_per_length="all": every held-out one).
+    test_size = "all"
+
+    def __init__(self, *, variant: str = "mdlen", bos: bool | None = None, **kwargs) -> None:
+        if variant not in self.variants:
+            raise TaskError(f"scan: unknown variant {variant!r}; valid: {', '.join(self.variants)}")
+        self.variant = variant
+        if bos is None:
+            bos = variant != "len"
+        super().__init__(bos=bos, **kwargs)
+
+    @property
+    def prefix(self) -> str:
+        """The words before the command: ``"Solve : "`` (mdlen) or nothing (len)."""
+        return "Solve : " if self.variant == "mdlen" else ""
 
     def vocab(self) -> list[str]:
         modifiers = ["opposite", "around", *REPEATS, "and", "after", "turn"]
-        words = ["Solve", ":", *PRIMITIVES, *DIRECTIONS, *modifiers, SEP]
+        words = [*self.prefix.split(), *PRIMITIVES, *DIRECTIONS, *modifiers, SEP]
         return words + list(dict.fromkeys(ACTIONS.values()))
 
     def has_length(self, length: int) -> bool:
         return length in commands_by_length()
 
+    def _example(self, command: str, length: int) -> Example:
+        return Example(f"{self.prefix}{command} {SEP}", " ".join(interpret(command)), length)
+
     def sample(self, length: int, rng: random.Random) -> Example:
         pool = commands_by_length().get(length)
         if not pool:
-            raise ValueError(f"no SCAN command has {length} actions")
-        command = rng.choice(pool)
-        return Example(f"Solve : {command} {SEP}", " ".join(interpret(command)), length)
+            raise TaskError(f"no SCAN command has {length} actions")
+        return self._example(rng.choice(pool), length)
+
+    def held_out(self, example: Example) -> bool:
+        return is_held_out("Solve : " + example.prompt.removeprefix(self.prefix))
+
+    def pool(self, length: int) -> tuple[Example, ...] | None:
+        return tuple(self._example(c, length) for c in commands_by_length().get(length, ()))

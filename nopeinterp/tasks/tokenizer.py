@@ -7,7 +7,11 @@ The tasks' separator word ``[SEP]`` is *normalised* to ``<sep>`` (a tokenizers `
 normaliser), so it gets the sep id but decodes / shows in ``to_str_tokens`` as ``<sep>``.
 A post-processor prepends ``<bos>`` to every encoding; ``add_bos_token=True`` is recorded so
 TransformerLens detects that and does not add a second one (nor try to download a
-"bos-enabled" copy of the tokenizer).
+"bos-enabled" copy of the tokenizer). Built with ``bos=False`` (a task without a start token),
+the tokenizer has no post-processor and ``add_bos_token=False``: nothing ever prepends
+``<bos>`` (the id stays in the vocabulary, unused; ``bos_token`` is None). ``adds_bos`` tells which kind a tokenizer is;
+the JSON form records ``"bos": false`` for such a tokenizer (absent means True: every
+tokenizer written before the option existed adds ``<bos>``).
 """
 
 from __future__ import annotations
@@ -25,16 +29,20 @@ NAME = "nopeinterp-word-level"  # placeholder name_or_path; never resolved on th
 _JSON_FORMAT = "nopeinterp-word-tokenizer/1"
 
 
-def _wrap(backend: Tokenizer) -> PreTrainedTokenizerFast:
+def _wrap(backend: Tokenizer, bos: bool) -> PreTrainedTokenizerFast:
+    # transformers rebuilds the post-processor from add_bos_token (a "<bos> $A" template or "$A").
+    # Without a start token bos_token is None: TransformerLens then keeps this tokenizer instead
+    # of fetching a "bos-enabled" copy from the Hub (it sets bos_token = eos_token afterwards,
+    # which adds nothing: add_bos_token stays False, and that is what ``adds_bos`` reads).
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        bos_token=BOS,
+        bos_token=BOS if bos else None,
         eos_token=EOS,
         pad_token=PAD,
         unk_token=UNK,
         sep_token=SEP,
         padding_side="right",
-        add_bos_token=True,
+        add_bos_token=bos,
         add_eos_token=False,
     )
     # TransformerLens reads init_kwargs["name_or_path"] when it is handed a tokenizer.
@@ -43,8 +51,14 @@ def _wrap(backend: Tokenizer) -> PreTrainedTokenizerFast:
     return tok
 
 
-def build_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
-    """Word-level tokenizer over ``words`` (duplicates and ``[SEP]`` folded in)."""
+def adds_bos(tokenizer) -> bool:
+    """Whether the tokenizer starts every encoding with ``<bos>`` (see the module docstring)."""
+    return bool(getattr(tokenizer, "add_bos_token", True))
+
+
+def build_tokenizer(words: Iterable[str], *, bos: bool = True) -> PreTrainedTokenizerFast:
+    """Word-level tokenizer over ``words`` (duplicates and ``[SEP]`` folded in); ``bos=False``:
+    no start token is ever added."""
     vocab: dict[str, int] = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
     for w in words:
         if not w or len(w.split()) != 1:
@@ -54,27 +68,29 @@ def build_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     backend.normalizer = normalizers.Replace(SEP_WORD, SEP)
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
-    )
-    return _wrap(backend)
+    if bos:
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
+        )
+    return _wrap(backend, bos)
 
 
 def task_tokenizer(task) -> PreTrainedTokenizerFast:
-    """Tokenizer covering one task's vocabulary (``task`` is a Task or a task name)."""
+    """Tokenizer covering one task's vocabulary and its start-token choice (``task.bos``);
+    ``task`` is a Task or a task name."""
     if isinstance(task, str):
         from . import get_task
 
         task = get_task(task)
-    return build_tokenizer(task.vocab())
+    return build_tokenizer(task.vocab(), bos=task.bos)
 
 
 def tokenizer_to_json(tok: PreTrainedTokenizerFast) -> str:
     """Serialise a tokenizer from :func:`build_tokenizer` to a plain JSON string."""
-    return json.dumps(
-        {"format": _JSON_FORMAT, "backend": json.loads(tok.backend_tokenizer.to_str())},
-        sort_keys=True,
-    )
+    data = {"format": _JSON_FORMAT, "backend": json.loads(tok.backend_tokenizer.to_str())}
+    if not adds_bos(tok):
+        data["bos"] = False
+    return json.dumps(data, sort_keys=True)
 
 
 def tokenizer_from_json(s: str) -> PreTrainedTokenizerFast:
@@ -82,4 +98,7 @@ def tokenizer_from_json(s: str) -> PreTrainedTokenizerFast:
     data = json.loads(s)
     if data.get("format") != _JSON_FORMAT:
         raise ValueError(f"not a nopeinterp tokenizer JSON (format={data.get('format')!r})")
-    return _wrap(Tokenizer.from_str(json.dumps(data["backend"])))
+    bos = data.get("bos", True)
+    if not isinstance(bos, bool):
+        raise ValueError(f"tokenizer JSON: 'bos' must be true or false, got {bos!r}")
+    return _wrap(Tokenizer.from_str(json.dumps(data["backend"])), bos)
