@@ -252,5 +252,5 @@ def test_no_bos_through_model_training_and_evaluation(tmp_path):
     a = greedy_decode(model, tok, [ex], max_new_tokens=3)
     b = greedy_decode(model, tok, [ex], max_new_tokens=3, use_cache=False)
     assert a == b
-    table = evaluate(ckpt, lengths=[26], n=3, progress=False)
+    table = evaluate(ckpt, lengths=[26], n=3, progress=False).table
     assert table["n"].tolist() == [3] and table["split"].tolist() == ["OOD"]
