@@ -9,7 +9,7 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, rotate_half
 
-from nopeinterp import build_model, load_checkpoint, save_checkpoint
+from nopeinterp import load_checkpoint, save_checkpoint
 from nopeinterp.models import rope_frequencies, set_rope_scaling
 from nopeinterp.models.rotary import check_rope_scaling
 from tests.conftest import TINY

@@ -167,7 +167,7 @@ class PEAttention(Attention):
         return (
             self.fused
             and self.attn_type == "global"
-            and not self.cfg.attn_scores_soft_cap
+            and not (self.cfg.attn_scores_soft_cap or 0) > 0
             and not any(
                 getattr(self, name).has_hooks() for name in EXPLICIT_HOOKS if hasattr(self, name)
             )
