@@ -179,3 +179,57 @@ def test_cuda_model_matches_cpu(pe, tiny, tmp_path):
     path = save_checkpoint(cpu, tmp_path / "m.pt")
     loaded = load_checkpoint(path, device="cuda").model
     torch.testing.assert_close(loaded(seq.cuda()).cpu(), cpu(seq), atol=1e-4, rtol=1e-4)
+
+
+# --- a SmolLM3-style hybrid stack -------------------------------------------------------------
+SMOL = ["rotary", "rotary", "rotary", "nope"]
+
+
+def test_smollm3_style_stack_trains_on_copy_and_its_nope_layer_ignores_order(tmp_path):
+    """Rotary in three layers, NoPE in the fourth (SmolLM3's no_rope_layers pattern): it
+    learns copy at ID lengths, and block 3 (NoPE) maps a permutation of the earlier positions
+    of its input to the same output at the last position, which rotary block 0 does not."""
+    from nopeinterp.evaluation import exact_match
+    from nopeinterp.tasks import get_task
+    from nopeinterp.training import TrainConfig, train
+
+    small = {"id_lengths": (2, 5), "ood_lengths": (6, 10)}
+    cfg = TrainConfig(
+        task="copy",
+        pe="rotary",
+        out=str(tmp_path / "smol.pt"),
+        steps=300,
+        batch_size=32,
+        lr=3e-3,
+        d_model=64,
+        n_layers=4,
+        n_heads=4,
+        eval_every=300,
+        eval_n=50,
+        checkpoint_every=300,
+        task_options=small,
+        pe_options={"layer_pe": SMOL, "fraction": 0.5},
+        progress=False,
+    )
+    ckpt = load_checkpoint(train(cfg))
+    assert layer_pes(ckpt.model) == SMOL
+    task = get_task("copy", **small)
+    val = task.generate(100, seed=1, split="val")
+    acc = sum(exact_match(ckpt.model, ckpt.tokenizer, task, val)) / len(val)
+    assert acc >= 0.8, acc
+
+    model = ckpt.model
+    seq = tokens(1, 12) % model.cfg.d_vocab
+    _, cache = model.run_with_cache(seq, names_filter=lambda n: n.endswith("hook_resid_pre"))
+    perm = torch.cat(
+        [torch.randperm(11, generator=torch.Generator().manual_seed(0)), torch.tensor([11])]
+    )
+    for layer, invariant in [(3, True), (0, False)]:
+        resid = cache[f"blocks.{layer}.hook_resid_pre"]
+        with torch.no_grad():
+            out = model.blocks[layer](resid)[:, -1]
+            shuffled = model.blocks[layer](resid[:, perm])[:, -1]
+        if invariant:
+            torch.testing.assert_close(shuffled, out, rtol=1e-5, atol=1e-5)
+        else:
+            assert not torch.allclose(shuffled, out, atol=1e-3)
