@@ -124,7 +124,17 @@ class PEAttention(Attention):
         bias_fn = self._position_bias[0]
         if bias_fn is None:
             return None
-        return self.hook_position_bias(bias_fn(q_len, k_len))
+        # A bias module shared by several layers is computed once per model forward
+        # (PETransformer.forward opens and closes its memo).
+        memo = getattr(bias_fn, "memo", None)
+        key = (q_len, k_len, torch.is_grad_enabled())
+        if memo is not None and key in memo:
+            bias = memo[key]
+        else:
+            bias = bias_fn(q_len, k_len)
+            if memo is not None:
+                memo[key] = bias
+        return self.hook_position_bias(bias)
 
     def query_scale(self, q_len, k_len, attention_mask):
         """[batch or 1, head, q_len, 1] factor on the logits, or None."""
@@ -452,6 +462,16 @@ class PETransformer(HookedTransformer):
             )
 
     # --- TL overrides ---------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        biases = [m for m in self.modules() if isinstance(m, PositionBias)]
+        for module in biases:
+            module.memo = {}
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            for module in biases:
+                module.memo = None
+
     def get_residual(self, embed, pos_offset, *args, return_shortformer_pos_embed=True, **kwargs):
         if self.absolute_embedding:
             residual, extra = super().get_residual(
