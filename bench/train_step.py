@@ -1,4 +1,4 @@
-"""Training-step cost of each PE model vs a plain-PyTorch model of identical shape and PE.
+"""Training-step cost of each PE model vs plain-PyTorch models of identical shape and PE.
 
 One step = the trainer's `target_loss` (forward with attention_mask, cross-entropy on the
 target tokens), zero_grad, backward, grad-norm clipping and an AdamW step, as in
@@ -7,13 +7,17 @@ here: fused qkv Linear, explicit attention (q k^T * scale + PE bias, causal + ke
 mask, softmax, @ v), pre-LN blocks, ReLU MLP of 4 d_model, untied unembedding with bias,
 and the same PE: T5 bucket-bias table shared by all layers, ALiBi slopes, rotary on 25% of
 each head's dims (GPT-NeoX rotate-half, base 10000), learned / sinusoidal absolute
-embeddings, or nothing.
+embeddings, FIRE and KERPLE-log biases (one module shared by all layers), or nothing.
+Two references: "naive" computes attention explicitly as above; "sdpa" is the same model
+with `F.scaled_dot_product_attention` (is_causal without a bias, else the bias and the mask as
+one additive mask): the best a user would write by hand.
 
-Figures: median step time (ours, reference, interleaved), ratio ours/reference (target
-<= 1.10), and model FLOP utilisation: analytic matmul FLOPs of a step (3x forward) per second
-over this machine's measured float32 matmul peak (torch.matmul, same thread count).
+Figures: median step time (ours, references, interleaved), ratios ours/sdpa (target <= 1.05)
+and ours/naive (target <= 0.85 at T=256), the inference forward (no_grad, eval, no hooks:
+what residual-stream probing runs) ours/sdpa, and model FLOP utilisation: analytic matmul
+FLOPs of a step (3x forward) per second over this machine's measured float32 matmul peak.
 
-    python -m bench.train_step [--quick] [--threads N] [--repeats R] [--no-before]
+    python -m bench.train_step [--quick] [--threads N] [--repeats R] [--before] [--seq T ...]
 
 Besides, it times the same model on TransformerLens' own block, LayerNorm and attention
 forwards (what the package ran before models/base.py's PEBlock / FusedLayerNorm / PEAttention
@@ -37,9 +41,12 @@ from nopeinterp.models import PE_TYPES, alibi_slopes, build_model
 from nopeinterp.tasks import Batch
 from nopeinterp.training.trainer import target_loss
 
-FULL = dict(n_layers=4, n_heads=4, d_models=(128, 256), batch=32, seq=64, d_vocab=64, repeats=7)
-QUICK = dict(n_layers=1, n_heads=4, d_models=(32,), batch=4, seq=16, d_vocab=24, repeats=1)
-TARGET = 1.10
+FULL = dict(
+    n_layers=4, n_heads=4, d_models=(128, 256), batch=32, seqs=(64, 256), d_vocab=64, repeats=7
+)
+QUICK = dict(n_layers=1, n_heads=4, d_models=(32,), batch=4, seqs=(16,), d_vocab=24, repeats=1)
+TARGET_SDPA = 1.05
+TARGET_NAIVE = 0.85  # at T=256
 
 
 # --- the plain-PyTorch reference -------------------------------------------------------------
@@ -61,9 +68,14 @@ def ref_t5_buckets(distance: torch.Tensor, num_buckets=32, max_distance=128) -> 
 
 
 class RefAttention(nn.Module):
-    def __init__(self, d, n_heads, rotary_dim=0):
+    def __init__(self, d, n_heads, rotary_dim=0, sdpa=False):
         super().__init__()
-        self.n_heads, self.d_head, self.rotary_dim = n_heads, d // n_heads, rotary_dim
+        self.n_heads, self.d_head, self.rotary_dim, self.sdpa = (
+            n_heads,
+            d // n_heads,
+            rotary_dim,
+            sdpa,
+        )
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
 
@@ -82,6 +94,14 @@ class RefAttention(nn.Module):
         v = v.view(B, T, self.n_heads, self.d_head).transpose(1, 2)
         if self.rotary_dim:
             q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        if self.sdpa:
+            if bias is None and mask is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                add = torch.zeros((), dtype=q.dtype) if bias is None else bias
+                add = add.masked_fill(~mask, float("-inf"))
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=add)
+            return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.d_head))
         if bias is not None:
             att = att + bias
@@ -92,10 +112,10 @@ class RefAttention(nn.Module):
 
 
 class RefBlock(nn.Module):
-    def __init__(self, d, n_heads, rotary_dim):
+    def __init__(self, d, n_heads, rotary_dim, sdpa=False):
         super().__init__()
         self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = RefAttention(d, n_heads, rotary_dim)
+        self.attn = RefAttention(d, n_heads, rotary_dim, sdpa)
         self.fc, self.fc_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
     def forward(self, x, bias, mask, cos, sin):
@@ -104,11 +124,12 @@ class RefBlock(nn.Module):
 
 
 class RefModel(nn.Module):
-    """nanoGPT-style decoder with one of the six PEs, all buffers precomputed for n_ctx."""
+    """nanoGPT-style decoder with one of the PEs, all buffers precomputed for n_ctx; `sdpa`:
+    attention through F.scaled_dot_product_attention."""
 
-    def __init__(self, pe, n_layers, n_heads, d_model, d_vocab, n_ctx):
+    def __init__(self, pe, n_layers, n_heads, d_model, d_vocab, n_ctx, sdpa=False):
         super().__init__()
-        self.pe, self.n_heads = pe, n_heads
+        self.pe, self.n_heads, self.sdpa = pe, n_heads, sdpa
         d_head = d_model // n_heads
         rotary_dim = max(2, int(d_head * 0.25) // 2 * 2) if pe == "rotary" else 0
         self.wte = nn.Embedding(d_vocab, d_model)
@@ -128,6 +149,16 @@ class RefModel(nn.Module):
         elif pe == "alibi":
             slopes = alibi_slopes(n_heads)
             self.register_buffer("alibi", (-slopes[:, None, None] * distance.clamp(min=0))[None])
+        elif pe == "fire":  # MLP of 32 on log(c d + 1) / log(c max(L, i) + 1)
+            self.fire_in, self.fire_out = nn.Linear(1, 32), nn.Linear(32, n_heads)
+            self.fire_c, self.fire_L = (
+                nn.Parameter(torch.ones(())),
+                nn.Parameter(torch.tensor(float(n_ctx))),
+            )
+            self.register_buffer("distance", distance.clamp(min=0).float())
+        elif pe == "kerple":  # -r1 log(1 + r2 d)
+            self.r1, self.r2 = nn.Parameter(torch.ones(n_heads)), nn.Parameter(torch.ones(n_heads))
+            self.register_buffer("distance", distance.clamp(min=0).float())
         elif pe == "rotary":
             inv = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
             freqs = pos.float()[:, None] * inv
@@ -135,7 +166,9 @@ class RefModel(nn.Module):
             self.register_buffer("cos", emb.cos())
             self.register_buffer("sin", emb.sin())
         self.register_buffer("causal", (distance >= 0)[None, None])
-        self.blocks = nn.ModuleList(RefBlock(d_model, n_heads, rotary_dim) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(
+            RefBlock(d_model, n_heads, rotary_dim, sdpa) for _ in range(n_layers)
+        )
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, d_vocab)
 
@@ -151,9 +184,23 @@ class RefModel(nn.Module):
             bias = self.rel_bias[self.buckets[:T, :T]].permute(2, 0, 1)[None]
         elif self.pe == "alibi":
             bias = self.alibi[:, :, :T, :T]
+        elif self.pe == "fire":
+            c = self.fire_c.abs()
+            i = torch.arange(T, dtype=torch.float32)
+            norm = torch.log(c * torch.maximum(i, self.fire_L.abs()) + 1)[:, None]
+            u = torch.log(c * self.distance[:T, :T] + 1) / norm
+            bias = self.fire_out(F.relu(self.fire_in(u[..., None]))).permute(2, 0, 1)[None]
+        elif self.pe == "kerple":
+            r1, r2 = self.r1.clamp(min=1e-2), self.r2.clamp(min=1e-2)
+            bias = (-r1[:, None, None] * torch.log1p(r2[:, None, None] * self.distance[:T, :T]))[
+                None
+            ]
         elif self.pe == "rotary":
             cos, sin = self.cos[:T], self.sin[:T]
-        mask = self.causal[:, :, :T, :T] & attention_mask.bool()[:, None, None, :]
+        if self.sdpa and bool(attention_mask.all()):
+            mask = None if bias is None else self.causal[:, :, :T, :T]
+        else:
+            mask = self.causal[:, :, :T, :T] & attention_mask.bool()[:, None, None, :]
         for block in self.blocks:
             x = block(x, bias, mask, cos, sin)
         return self.lm_head(self.ln_f(x))
@@ -238,8 +285,31 @@ def use_tl_forwards(model):
     return model
 
 
+def forward_fn(model, fn, batch):
+    model.eval()
+
+    def forward():
+        with torch.no_grad():
+            fn(model, batch)
+
+    return forward
+
+
+def _ours_forward(model, batch):
+    return model(batch.tokens, attention_mask=batch.attention_mask)
+
+
+def _ref_forward(model, batch):
+    return model(batch.tokens, batch.attention_mask)
+
+
 def run(
-    quick: bool = False, repeats: int | None = None, pes=PE_TYPES, before: bool = True
+    quick: bool = False,
+    repeats: int | None = None,
+    pes=PE_TYPES,
+    before: bool = False,
+    seqs=None,
+    d_models=None,
 ) -> list[dict]:
     """Summary rows; `before` also times ours on TransformerLens' own forwards."""
     cfg = QUICK if quick else FULL
@@ -255,60 +325,86 @@ def run(
             note=f"best of {'128/256' if quick else '1024/2048'}^2 matrices, {torch.get_num_threads()} thread(s)",
         )
     ]
-    L, H, B, T, V = cfg["n_layers"], cfg["n_heads"], cfg["batch"], cfg["seq"], cfg["d_vocab"]
-    for d in cfg["d_models"]:
-        batch = make_batch(B, T, V)
-        flops = step_flops(L, d, V, B, T)
-        for pe in pes:
-            ours = build_model(pe, n_layers=L, n_heads=H, d_model=d, d_vocab=V, n_ctx=T, seed=0)
-            torch.manual_seed(0)
-            ref = RefModel(pe, L, H, d, V, T)
-            fns = {"ours": step_fn(ours, target_loss, batch), "ref": step_fn(ref, ref_loss, batch)}
-            if before:
-                stock = use_tl_forwards(
-                    build_model(pe, n_layers=L, n_heads=H, d_model=d, d_vocab=V, n_ctx=T, seed=0)
+    L, H, B, V = cfg["n_layers"], cfg["n_heads"], cfg["batch"], cfg["d_vocab"]
+    for T in seqs or cfg["seqs"]:
+        for d in d_models or cfg["d_models"]:
+            batch = make_batch(B, T, V)
+            flops = step_flops(L, d, V, B, T)
+            for pe in pes:
+                kw = dict(n_layers=L, n_heads=H, d_model=d, d_vocab=V, n_ctx=T, seed=0)
+                ours = build_model(pe, device="cpu", **kw)
+                torch.manual_seed(0)
+                naive = RefModel(pe, L, H, d, V, T)
+                torch.manual_seed(0)
+                sdpa = RefModel(pe, L, H, d, V, T, sdpa=True)
+                fns = {
+                    "ours": step_fn(ours, target_loss, batch),
+                    "sdpa": step_fn(sdpa, ref_loss, batch),
+                    "naive": step_fn(naive, ref_loss, batch),
+                }
+                if before:
+                    stock = use_tl_forwards(build_model(pe, device="cpu", **kw))
+                    fns["before"] = step_fn(stock, target_loss, batch)
+                t = interleaved_times(fns, repeats, warmup=1 if quick else 2)
+                inf = interleaved_times(
+                    {
+                        "ours": forward_fn(ours, _ours_forward, batch),
+                        "sdpa": forward_fn(sdpa, _ref_forward, batch),
+                    },
+                    repeats,
+                    warmup=1 if quick else 2,
                 )
-                fns["before"] = step_fn(stock, target_loss, batch)
-            t = interleaved_times(fns, repeats, warmup=1 if quick else 2)
-            ratio = t["ours"] / t["ref"]
-            mfu_ours, mfu_ref = flops / t["ours"] / peak, flops / t["ref"] / peak
-            shape = f"{L}L d{d} b{B} T{T}"
-            rows.append(
-                row(
-                    f"train step {pe} {shape}: ours/ref time",
-                    t["ours"] * 1e3,
-                    t["ref"] * 1e3,
-                    ratio,
-                    target=f"<= {TARGET:.2f}",
-                    met=ratio <= TARGET,
-                    unit="ms/step",
-                    note=(
-                        f"MFU ours {mfu_ours:.1%}, ref {mfu_ref:.1%} of {peak / 1e9:.0f} GFLOP/s; "
-                        f"{flops / 1e9:.2f} GFLOP/step; params ours {n_params(ours)}, "
-                        f"ref {n_params(ref)}"
-                    ),
-                )
-            )
-            if before:
+                shape = f"{L}L d{d} b{B} T{T}"
+                r_sdpa, r_naive = t["ours"] / t["sdpa"], t["ours"] / t["naive"]
+                mfu = flops / t["ours"] / peak
                 rows.append(
                     row(
-                        f"train step {pe} {shape}: before (TL's block/LN/attention forwards)/ref time",
-                        t["before"] * 1e3,
-                        t["ref"] * 1e3,
-                        t["before"] / t["ref"],
+                        f"train step {pe} {shape}: ours/sdpa-ref time",
+                        t["ours"] * 1e3,
+                        t["sdpa"] * 1e3,
+                        r_sdpa,
+                        target=f"<= {TARGET_SDPA:.2f}",
+                        met=r_sdpa <= TARGET_SDPA,
                         unit="ms/step",
-                        note=f"ours is {t['before'] / t['ours']:.3f}x faster than before",
+                        note=(
+                            f"MFU ours {mfu:.1%}, sdpa-ref {flops / t['sdpa'] / peak:.1%} of "
+                            f"{peak / 1e9:.0f} GFLOP/s; params ours {n_params(ours)}, "
+                            f"ref {n_params(sdpa)}"
+                        ),
                     )
                 )
-            rows.append(
-                row(
-                    f"train step {pe} {shape}: MFU",
-                    mfu_ours * 100,
-                    mfu_ref * 100,
-                    mfu_ours / mfu_ref,
-                    unit="% of peak",
+                rows.append(
+                    row(
+                        f"train step {pe} {shape}: ours/naive-ref time",
+                        t["ours"] * 1e3,
+                        t["naive"] * 1e3,
+                        r_naive,
+                        target=f"<= {TARGET_NAIVE:.2f}" if T >= 256 else "",
+                        met=(r_naive <= TARGET_NAIVE) if T >= 256 else None,
+                        unit="ms/step",
+                    )
                 )
-            )
+                rows.append(
+                    row(
+                        f"inference forward {pe} {shape}: ours/sdpa-ref time",
+                        inf["ours"] * 1e3,
+                        inf["sdpa"] * 1e3,
+                        inf["ours"] / inf["sdpa"],
+                        unit="ms/forward",
+                        note="no_grad, eval mode, no hooks attached",
+                    )
+                )
+                if before:
+                    rows.append(
+                        row(
+                            f"train step {pe} {shape}: before (TL's forwards)/sdpa-ref time",
+                            t["before"] * 1e3,
+                            t["sdpa"] * 1e3,
+                            t["before"] / t["sdpa"],
+                            unit="ms/step",
+                            note=f"ours is {t['before'] / t['ours']:.3f}x faster than before",
+                        )
+                    )
     return rows
 
 
@@ -319,16 +415,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--pe", nargs="*", default=list(PE_TYPES))
     parser.add_argument(
-        "--no-before", action="store_true", help="skip timing TL's own block/LN/attention forwards"
+        "--before", action="store_true", help="also time TL's own block/LN/attention forwards"
     )
     parser.add_argument("--d-model", type=int, nargs="*", default=None)
+    parser.add_argument("--seq", type=int, nargs="*", default=None)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(machine_line())
-    if args.d_model:
-        (QUICK if args.quick else FULL)["d_models"] = tuple(args.d_model)
-    print_rows("train step", run(args.quick, args.repeats, tuple(args.pe), not args.no_before))
+    rows = run(args.quick, args.repeats, tuple(args.pe), args.before, args.seq, args.d_model)
+    print_rows("train step", rows)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ _EXPORTS = {
     "PE_TYPES": "nopeinterp.models",
     "build_model": "nopeinterp.models",
     "model_config": "nopeinterp.models",
+    "layer_pes": "nopeinterp.models",
+    "set_rope_scaling": "nopeinterp.models",
     "Checkpoint": "nopeinterp.checkpoint",
     "load_checkpoint": "nopeinterp.checkpoint",
     "save_checkpoint": "nopeinterp.checkpoint",

@@ -13,6 +13,7 @@ from transformer_lens import ActivationCache, HookedTransformer, HookedTransform
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.components import Attention, LayerNorm, TransformerBlock
 from transformer_lens.hook_points import HookPoint
+from transformer_lens.utilities import get_offset_position_ids
 
 
 @contextlib.contextmanager
@@ -38,5 +39,6 @@ __all__ = [
     "LayerNorm",
     "TransformerBlock",
     "init_kv_cache",
+    "get_offset_position_ids",
     "tl_deprecation_silenced",
 ]
