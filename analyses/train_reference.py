@@ -21,22 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# One architecture for every PE (chosen by measurement: ~6-10 min per model here).
-ARCH = ["--n-layers", "4", "--n-heads", "4", "--d-model", "128"]
-TRAIN = [
-    "--batch-size",
-    "32",
-    "--lr",
-    "2e-3",
-    "--eval-every",
-    "250",
-    "--checkpoint-every",
-    "250",
-    "--dtype",
-    "float16",
-]
-# SCAN's ID accuracy still climbs after 1500 steps; copy's has plateaued by then.
-STEPS = {"scan": 2500, "copy": 1500}
+# The architecture and optimizer (4 layers, 4 heads, d_model 128, lr 2e-3, batch 32, steps per
+# task, float16 checkpoints) are the trainer's `reference` preset: nopeinterp/training/presets.py.
+PRESET = ["--preset", "reference"]
 PES = ["nope", "t5", "alibi", "rotary", "sinusoidal", "ape"]
 TASKS = ["scan", "copy"]
 
@@ -45,7 +32,6 @@ def jobs(out_dir: Path, seeds=None, tasks=TASKS):
     """(checkpoint, args) in training order: the reference set (what the similarity analysis
     needs first), or with `seeds` every PE at each of those seeds (`<task>-<pe>-seed<k>.pt`)."""
     for task in tasks:
-        steps = ["--steps", str(STEPS[task])]
         runs = [
             ("nope", "nope", 0),
             ("t5", "t5", 0),
@@ -58,7 +44,7 @@ def jobs(out_dir: Path, seeds=None, tasks=TASKS):
             # nope-seed1 is NoPE-prime: the noise floor of the similarity analysis
             yield (
                 out_dir / f"{task}-{name}.pt",
-                ["--task", task, "--pe", pe, "--seed", str(seed), *steps],
+                ["--task", task, "--pe", pe, "--seed", str(seed)],
             )
 
 
@@ -71,8 +57,7 @@ def command(out: Path, args: list[str]) -> list[str]:
         *args,
         "--out",
         str(out),
-        *ARCH,
-        *TRAIN,
+        *PRESET,
         "--resume",
     ]
 

@@ -232,6 +232,10 @@ def _plain(value):
     return value
 
 
+class RunLockedError(NopeinterpError):
+    """Another process is training to the same `out` (it holds `<out>.lock`)."""
+
+
 def _lock(out: Path):
     """An OS lock on <out>.lock, or NopeinterpError if another process holds it."""
     from filelock import FileLock, Timeout
@@ -243,7 +247,7 @@ def _lock(out: Path):
     try:
         lock.acquire()
     except Timeout:
-        raise NopeinterpError(
+        raise RunLockedError(
             f"{out}: another training run is writing this file (lock {out}.lock held); "
             "wait for it or choose another --out"
         ) from None
@@ -264,10 +268,10 @@ def train(config: TrainConfig) -> Path:
             try:
                 lock = _lock(Path(config.out))
             except NopeinterpError as e:
-                error = str(e)
+                error = (type(e) is RunLockedError, str(e))
         error = rt.broadcast(error)
         if error:
-            raise NopeinterpError(error)
+            raise (RunLockedError if error[0] else NopeinterpError)(error[1])
         devices = [rt.device] if rt.device.type == "cuda" else []
         with deterministic_algorithms(rt.device), torch.random.fork_rng(devices=devices):
             return _train(config, rt)
@@ -322,7 +326,9 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
         tokenizer=tokenizer,
         **extra,
         **cfg.pe_options,
-    ).to(rt.device)
+    )
+    if rt.device.type != "cpu":  # built on the CPU (same weights on every device), then moved
+        model.to(rt.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     warmup_steps = max(1, round(cfg.warmup * cfg.steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -409,7 +415,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
         n_target = int(batch.target_mask.sum())
         chunks = micro_batches(batch, rt.rank, rt.world_size, cfg.grad_accum)
         optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), device=rt.device)
         for i, chunk in enumerate(chunks):
             chunk = chunk.to(rt.device)
             sync = not rt.distributed or i == len(chunks) - 1
@@ -419,6 +425,8 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
                     loss = target_loss(train_model, chunk, n_target) * rt.world_size
                 scaler.scale(loss).backward()
             loss_sum += loss.detach()
+        if rt.distributed:  # for the progress bar and history only: the global batch's loss
+            torch.distributed.all_reduce(loss_sum)
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         scaler.step(optimizer)
