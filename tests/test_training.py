@@ -276,7 +276,7 @@ def test_reference_preset_is_what_checkpoints_were_trained_with(task):
         if key not in ("out", "task", "pe"):
             assert preset[key] == value, key
     text = (root / "analyses" / "train_reference.py").read_text()
-    assert '"--preset", "reference"' in text and "2e-3" not in text
+    assert '"--preset", "reference"' in text and '"--lr"' not in text
 
 
 def test_grad_accumulation_matches_one_big_batch(tmp_path):
