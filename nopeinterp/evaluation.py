@@ -52,10 +52,11 @@ def greedy_decode(
         max_new_tokens = 1 + max(
             len(tokenizer(e.target, add_special_tokens=False)["input_ids"]) for e in examples
         )
-    tokens, mask = _left_pad(prompts, tokenizer.pad_token_id)
+    device = model.cfg.device  # inputs follow the model (cpu, cuda, mps)
+    tokens, mask = (t.to(device) for t in _left_pad(prompts, tokenizer.pad_token_id))
     batch = len(examples)
     eos = tokenizer.eos_token_id
-    done = torch.zeros(batch, dtype=torch.bool)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
     generated = []
     cache = (
         TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch)
@@ -73,14 +74,14 @@ def greedy_decode(
         if use_cache:
             logits = model(
                 next_token[:, None],
-                attention_mask=torch.ones(batch, 1, dtype=torch.long),
+                attention_mask=torch.ones(batch, 1, dtype=torch.long, device=device),
                 past_kv_cache=cache,
             )
         else:
             tokens = torch.cat([tokens, next_token[:, None]], 1)
-            mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], 1)
+            mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long, device=device)], 1)
             logits = model(tokens, attention_mask=mask)
-    out = torch.stack(generated, 1)
+    out = torch.stack(generated, 1).cpu()
     return [decode_answer(tokenizer, row) for row in out]
 
 

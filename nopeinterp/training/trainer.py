@@ -301,7 +301,10 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
     elif cfg.resume and out.exists():
         raise NopeinterpError(f"{out} exists and has no training state: that run already finished")
     if cfg.dropout and "dropout" not in BUILD_MODEL_ARGS:
-        raise NopeinterpError("dropout > 0 needs build_model(dropout=), not in this version")
+        raise NopeinterpError(
+            f"dropout={cfg.dropout}: this version's models have no dropout "
+            "(build_model(dropout=) is not there yet); pass --dropout 0"
+        )
 
     task = get_task(cfg.task, **cfg.task_options)
     tokenizer = task_tokenizer(task)
