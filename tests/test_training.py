@@ -232,6 +232,14 @@ def test_bad_train_arguments_are_refused_before_any_work(tmp_path, capsys, flag,
     assert not (tmp_path / "sub").exists()  # nothing written, not even the folder
 
 
+def test_an_out_that_cannot_be_created_is_one_clear_error(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "m.pt"  # its folder would be a file
+    assert main(["train", "--task", "copy", "--pe", "nope", "--out", str(out), "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot create the output folder" in err
+
+
 def test_resume_of_a_damaged_state_is_one_clear_error(tmp_path):
     cfg = small_config(tmp_path, stop_after=10)
     train(cfg)

@@ -83,6 +83,8 @@ class Runtime:
                 f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}"
             )
         kind = resolve_device(device)
+        if kind == "cuda":  # deterministic cuBLAS: set before the first CUDA call
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         if kind == "mps" and precision == "bf16" and not _mps_bf16():
             raise NopeinterpError("--precision bf16 is not supported on this mps device")
         world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -217,6 +217,8 @@ def run_sweep(
     """
     from nopeinterp.training.trainer import make_config
 
+    if workers < 1 or eval_n < 1:
+        raise NopeinterpError(f"workers={workers}, eval_n={eval_n}: both must be >= 1")
     runs = grid(tasks, pes, seeds)
     i, n = shard
     runs = runs[i::n]

@@ -240,7 +240,12 @@ def _lock(out: Path):
     """An OS lock on <out>.lock, or NopeinterpError if another process holds it."""
     from filelock import FileLock, Timeout
 
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NopeinterpError(
+            f"{out.parent}: cannot create the output folder ({e.strerror})"
+        ) from None
     if not os.access(out.parent, os.W_OK):
         raise NopeinterpError(f"{out.parent}: not writable")
     lock = FileLock(str(out) + ".lock", timeout=0)
