@@ -179,8 +179,10 @@ def test_resume_is_exact_at_two_threads(tmp_path):
     """At 2 threads the embedding backward is order-dependent unless the trainer runs torch's
     deterministic algorithms; resume (and so two identical runs) must give equal weights."""
     torch.set_num_threads(2)
-    whole = load_checkpoint(train(small_config(tmp_path / "a", steps=40, eval_every=40)))
-    cfg = small_config(tmp_path / "b", steps=40, eval_every=40, stop_after=10)
+    # the issue's case: copy at its own lengths (2-20), batch 32 (small batches hide it)
+    run = dict(steps=40, eval_every=40, batch_size=32, task_options={}, eval_n=10)
+    whole = load_checkpoint(train(small_config(tmp_path / "a", **run)))
+    cfg = small_config(tmp_path / "b", **run, stop_after=10)
     train(cfg)
     cfg.stop_after, cfg.resume = None, True
     resumed = load_checkpoint(train(cfg))
