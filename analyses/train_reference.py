@@ -23,22 +23,9 @@ from pathlib import Path
 from nopeinterp.zoo import PE_ORDER, checkpoint_name
 
 ROOT = Path(__file__).resolve().parents[1]
-# One architecture for every PE (chosen by measurement: ~6-10 min per model here).
-ARCH = ["--n-layers", "4", "--n-heads", "4", "--d-model", "128"]
-TRAIN = [
-    "--batch-size",
-    "32",
-    "--lr",
-    "2e-3",
-    "--eval-every",
-    "250",
-    "--checkpoint-every",
-    "250",
-    "--dtype",
-    "float16",
-]
-# SCAN's ID accuracy still climbs after 1500 steps; copy's has plateaued by then.
-STEPS = {"scan": 2500, "copy": 1500}
+# The architecture and optimizer (4 layers, 4 heads, d_model 128, lr 2e-3, batch 32, steps per
+# task, float16 checkpoints) are the trainer's `reference` preset: nopeinterp/training/presets.py.
+PRESET = ["--preset", "reference"]
 PES = list(PE_ORDER)
 TASKS = ["scan", "copy"]
 
@@ -47,7 +34,6 @@ def jobs(out_dir: Path, seeds=None, tasks=TASKS):
     """(checkpoint, args) in training order: the reference set (what the similarity analysis
     needs first), or with `seeds` every PE at each of those seeds (`<task>-<pe>-seed<k>.pt`)."""
     for task in tasks:
-        steps = ["--steps", str(STEPS[task])]
         # nope seed 1 is NoPE-prime: the noise floor of the similarity analysis
         runs = [("nope", 0), ("t5", 0), ("nope", 1), *[(pe, 0) for pe in PES[2:]]]
         if seeds:
@@ -55,7 +41,7 @@ def jobs(out_dir: Path, seeds=None, tasks=TASKS):
         for pe, seed in runs:
             yield (
                 out_dir / f"{checkpoint_name(task, pe, seed)}.pt",
-                ["--task", task, "--pe", pe, "--seed", str(seed), *steps],
+                ["--task", task, "--pe", pe, "--seed", str(seed)],
             )
 
 
@@ -68,8 +54,7 @@ def command(out: Path, args: list[str]) -> list[str]:
         *args,
         "--out",
         str(out),
-        *ARCH,
-        *TRAIN,
+        *PRESET,
         "--resume",
     ]
 

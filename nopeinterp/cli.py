@@ -8,6 +8,7 @@ files) print one line on stderr and exit with status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -58,41 +59,105 @@ def cmd_info(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
-    from nopeinterp.training import TrainConfig, train
+def _train_overrides(args) -> dict:
+    """The TrainConfig values given on the command line (absent flags stay absent)."""
+    given = dict(vars(args))
+    pe_options = {
+        key: given.pop(flag)
+        for flag, key in (("num_buckets", "num_buckets"), ("rotary_fraction", "fraction"))
+        if flag in given
+    }
+    task_options = {
+        key: [min(given[flag]), max(given.pop(flag))]
+        for flag, key in (("train_lengths", "id_lengths"), ("ood_lengths", "ood_lengths"))
+        if flag in given
+    }
+    from nopeinterp.training import TrainConfig
 
-    pe_options = {}
-    if args.num_buckets is not None:
-        pe_options["num_buckets"] = args.num_buckets
-    if args.rotary_fraction is not None:
-        pe_options["fraction"] = args.rotary_fraction
-    task_options = {}
-    if args.train_lengths:
-        task_options["id_lengths"] = [min(args.train_lengths), max(args.train_lengths)]
-    if args.ood_lengths:
-        task_options["ood_lengths"] = [min(args.ood_lengths), max(args.ood_lengths)]
-    config = TrainConfig(
-        task=args.task,
-        pe=args.pe,
-        out=args.out,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        n_layers=args.n_layers,
-        n_heads=args.n_heads,
-        d_model=args.d_model,
-        d_mlp=args.d_mlp,
-        eval_every=args.eval_every,
-        checkpoint_every=args.checkpoint_every,
-        dtype=args.dtype,
-        resume=args.resume,
-        pe_options=pe_options,
-        task_options=task_options,
-    )
-    path = train(config)
-    print(f"best checkpoint: {path}")
+    fields = set(TrainConfig.__dataclass_fields__) - {"task", "pe", "out", "preset"}
+    values = {k: v for k, v in given.items() if k in fields}
+    return {
+        **values,
+        **({"pe_options": pe_options} if pe_options else {}),
+        **({"task_options": task_options} if task_options else {}),
+    }
+
+
+def cmd_train(args) -> int:
+    from nopeinterp.training import make_config, train
+    from nopeinterp.training.sweep import parse_task_spec
+
+    task, options = parse_task_spec(args.task)
+    overrides = _train_overrides(args)
+    overrides["task_options"] = {**options, **overrides.get("task_options", {})}
+    path = train(make_config(task, args.pe, args.out, preset=args.preset, **overrides))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one line
+        print(f"best checkpoint: {path}")
     return 0
+
+
+def cmd_sweep(args) -> int:
+    from nopeinterp.training.sweep import parse_shard, run_sweep
+
+    statuses = run_sweep(
+        args.tasks,
+        args.pes,
+        args.seeds,
+        args.out,
+        preset=args.preset,
+        overrides=_train_overrides(args),
+        workers=args.workers,
+        shard=parse_shard(args.shard),
+        eval_n=args.eval_n_record,
+    )
+    counts = {s: list(statuses.values()).count(s) for s in dict.fromkeys(statuses.values())}
+    print(", ".join(f"{n} {s}" for s, n in counts.items()) or "no runs in this shard")
+    return 0
+
+
+def cmd_collect(args) -> int:
+    from nopeinterp.training.sweep import collect, summarize_runs
+
+    table = collect(args.directory)
+    print(summarize_runs(table).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    out = Path(args.out) if args.out else Path(args.directory) / "records.csv"
+    from nopeinterp.viz.html import atomic_write_text
+
+    atomic_write_text(out, table.to_csv(index=False))
+    print(f"wrote {out}")
+    return 0
+
+
+def _add_train_flags(p) -> None:
+    """TrainConfig flags of train and sweep; a flag not given leaves the preset's value."""
+    # No import here (--help must answer at once): TrainConfig validates every value.
+    S = argparse.SUPPRESS
+    p.add_argument("--preset", default=None, help="paper, reference or tiny")
+    for flag, kind in (
+        ("--steps", int),
+        ("--batch-size", int),
+        ("--lr", float),
+        ("--weight-decay", float),
+        ("--warmup", float),
+        ("--n-layers", int),
+        ("--n-heads", int),
+        ("--d-model", int),
+        ("--d-mlp", int),
+        ("--dropout", float),
+        ("--eval-every", int),
+        ("--eval-n", int),
+        ("--checkpoint-every", int),
+        ("--grad-accum", int),
+    ):
+        p.add_argument(flag, type=kind, default=S)
+    p.add_argument("--attn-scale", action=argparse.BooleanOptionalAction, default=S)
+    p.add_argument("--num-buckets", type=int, default=S, help="t5 only")
+    p.add_argument("--rotary-fraction", type=float, default=S, help="rotary only")
+    p.add_argument("--train-lengths", type=parse_lengths, default=S, help="e.g. 2-20")
+    p.add_argument("--ood-lengths", type=parse_lengths, default=S, help="e.g. 21-40")
+    p.add_argument("--dtype", choices=("float32", "float16"), default=S, help="of the checkpoint")
+    p.add_argument("--device", default=S, help="auto, cpu, cuda or mps")
+    p.add_argument("--precision", default=S, help="fp32, bf16 or fp16 (autocast)")
 
 
 def cmd_eval(args) -> int:
@@ -239,27 +304,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint")
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("train", help="train one model on one task")
-    p.add_argument("--task", required=True, help="copy, reverse, scan, ...")
+    p = sub.add_parser("train", help="train one model on one task (torchrun: data parallel)")
+    p.add_argument("--task", required=True, help="copy, reverse, scan, ...[:option=value,...]")
     p.add_argument("--pe", required=True, help="nope, t5, alibi, rotary, ape, sinusoidal, ...")
     p.add_argument("--out", required=True, help="path of the best checkpoint (.pt)")
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-layers", type=int, default=2)
-    p.add_argument("--n-heads", type=int, default=4)
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--d-mlp", type=int, default=None)
-    p.add_argument("--num-buckets", type=int, default=None, help="t5 only")
-    p.add_argument("--rotary-fraction", type=float, default=None, help="rotary only")
-    p.add_argument("--train-lengths", type=parse_lengths, default=None, help="e.g. 2-20")
-    p.add_argument("--ood-lengths", type=parse_lengths, default=None, help="e.g. 21-40")
-    p.add_argument("--eval-every", type=int, default=250)
-    p.add_argument("--checkpoint-every", type=int, default=250)
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    p.add_argument("--seed", type=int, default=argparse.SUPPRESS)
+    _add_train_flags(p)
     p.add_argument("--resume", action="store_true", help="continue from <out>.state.pt")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("sweep", help="train a grid of tasks x PEs x seeds, resumably")
+    p.add_argument("--tasks", nargs="+", required=True, help="task specs, e.g. copy:variant=rsc")
+    p.add_argument(
+        "--pes", nargs="+", required=True, help="nope t5 alibi rotary ape sinusoidal ..."
+    )
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--out", required=True, help="directory: one folder per run")
+    p.add_argument("--workers", type=int, default=1, help="local worker processes")
+    p.add_argument("--shard", default="0/1", help="i/n: this process's share of the grid")
+    p.add_argument("--eval-n-record", type=int, default=100, help="examples per length")
+    _add_train_flags(p)
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("collect", help="gather a sweep's records into one table (CSV)")
+    p.add_argument("directory")
+    p.add_argument("--out", default=None, help="CSV path (default: DIRECTORY/records.csv)")
+    p.set_defaults(func=cmd_collect)
 
     p = sub.add_parser("eval", help="exact-match accuracy per length (greedy decoding)")
     p.add_argument("checkpoint")

@@ -5,6 +5,7 @@ import torch
 
 from nopeinterp import PE_TYPES, build_model, load_checkpoint, save_checkpoint
 from nopeinterp.cli import main
+from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import evaluate, exact_match, greedy_decode
 from nopeinterp.tasks import get_task, task_tokenizer
 from nopeinterp.training import TrainConfig, train
@@ -172,3 +173,156 @@ def test_saved_checkpoint_evaluates(tmp_path):
     )
     table = evaluate(path, n=4, progress=False).table
     assert set(table["split"]) == {"ID", "OOD"} and table["length"].tolist() == list(range(2, 11))
+
+
+# --- issue 12: reproducible at any thread count, refused inputs, locks ------------------------
+def test_resume_is_exact_at_two_threads(tmp_path):
+    """At 2 threads the embedding backward is order-dependent unless the trainer runs torch's
+    deterministic algorithms; resume (and so two identical runs) must give equal weights."""
+    torch.set_num_threads(2)
+    # the issue's case: copy at its own lengths (2-20), batch 32 (small batches hide it)
+    run = dict(steps=40, eval_every=40, batch_size=32, task_options={}, eval_n=10)
+    whole = load_checkpoint(train(small_config(tmp_path / "a", **run)))
+    cfg = small_config(tmp_path / "b", **run, stop_after=10)
+    train(cfg)
+    cfg.stop_after, cfg.resume = None, True
+    resumed = load_checkpoint(train(cfg))
+    a, b = whole.model.state_dict(), resumed.model.state_dict()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert not torch.are_deterministic_algorithms_enabled()  # the caller's setting is restored
+
+
+def test_a_second_run_on_the_same_out_is_refused(tmp_path, capsys):
+    from filelock import FileLock
+
+    from nopeinterp.training.trainer import RunLockedError
+
+    cfg = small_config(tmp_path)
+    with FileLock(cfg.out + ".lock"):  # as a running `train` holds it
+        with pytest.raises(RunLockedError, match="another training run"):
+            train(cfg)
+        code = main(["train", "--task", "copy", "--pe", "nope", "--out", cfg.out, "--steps", "2"])
+        assert code == 2 and "another training run" in capsys.readouterr().err
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_resume_refuses_changed_settings_naming_them(tmp_path):
+    train(small_config(tmp_path, stop_after=10))
+    changed = small_config(tmp_path, resume=True, seed=1, d_model=64, lr=2e-3, steps=40)
+    with pytest.raises(NopeinterpError) as err:
+        train(changed)
+    message = str(err.value)
+    for key in ("seed: 0 -> 1", "d_model: 32 -> 64", "lr:", "steps: 30 -> 40"):
+        assert key in message, message
+    assert "n_heads" not in message  # unchanged settings are not named
+    # the state is untouched: resuming with the original settings still works
+    assert load_checkpoint(train(small_config(tmp_path, resume=True))).meta["step"] == 30
+
+
+@pytest.mark.parametrize(
+    "flag, value", [("--steps", "0"), ("--eval-every", "0"), ("--checkpoint-every", "0"),
+                    ("--n-layers", "0"), ("--batch-size", "-1"), ("--lr", "nan"),
+                    ("--dropout", "1.5"), ("--grad-accum", "3")]
+)  # fmt: skip
+def test_bad_train_arguments_are_refused_before_any_work(tmp_path, capsys, flag, value):
+    out = tmp_path / "sub" / "m.pt"
+    args = ["train", "--task", "copy", "--pe", "nope", "--out", str(out), "--batch-size", "16"]
+    assert main([*args, flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert flag.lstrip("-").replace("-", "_") in err
+    assert not (tmp_path / "sub").exists()  # nothing written, not even the folder
+
+
+def test_an_out_that_cannot_be_created_is_one_clear_error(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "m.pt"  # its folder would be a file
+    assert main(["train", "--task", "copy", "--pe", "nope", "--out", str(out), "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot create the output folder" in err
+
+
+def test_resume_of_a_damaged_state_is_one_clear_error(tmp_path):
+    cfg = small_config(tmp_path, stop_after=10)
+    train(cfg)
+    state = tmp_path / "m.pt.state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+    cfg.stop_after, cfg.resume = None, True
+    with pytest.raises(NopeinterpError, match="unreadable training state"):
+        train(cfg)
+
+
+# --- issue 15: presets, precision, accumulation ------------------------------------------------
+def test_presets_and_explicit_values_override_them(tmp_path):
+    from nopeinterp.training import PRESETS, make_config
+
+    paper = make_config("scan", "nope", tmp_path / "p.pt", preset="paper")
+    assert (paper.n_layers, paper.n_heads, paper.d_model, paper.d_mlp) == (12, 12, 768, 3072)
+    assert (paper.lr, paper.weight_decay, paper.warmup) == (3e-5, 0.05, 0.06)
+    assert (paper.steps, paper.batch_size, paper.dropout, paper.attn_scale) == (
+        40_000, 64, 0.1, False)  # fmt: skip
+    ref = {
+        t: make_config(t, "nope", tmp_path / "r.pt", preset="reference") for t in ("scan", "copy")
+    }
+    assert ref["scan"].steps == 2500 and ref["copy"].steps == 1500 and ref["copy"].lr == 2e-3
+    assert make_config("copy", "nope", tmp_path / "t.pt", preset="tiny", steps=7).steps == 7
+    assert set(PRESETS) == {"paper", "reference", "tiny"}
+    with pytest.raises(NopeinterpError, match="unknown preset"):
+        make_config("copy", "nope", tmp_path / "t.pt", preset="huge")
+
+
+@pytest.mark.parametrize("task", ["scan", "copy"])
+def test_reference_preset_is_what_checkpoints_were_trained_with(task):
+    """The shipped checkpoints record their training settings; the preset must equal them,
+    and analyses/train_reference.py must use the preset rather than its own numbers."""
+    from pathlib import Path
+
+    from nopeinterp.training import make_config
+
+    root = Path(__file__).parents[1]
+    recorded = load_checkpoint(root / "checkpoints" / f"{task}-nope.pt").meta["train_config"]
+    preset = make_config(task, "nope", "x.pt", preset="reference").to_dict()
+    for key, value in recorded.items():
+        if key not in ("out", "task", "pe"):
+            assert preset[key] == value, key
+    text = (root / "analyses" / "train_reference.py").read_text()
+    assert '"--preset", "reference"' in text and '"--lr"' not in text
+
+
+def test_grad_accumulation_matches_one_big_batch(tmp_path):
+    """Accumulating 4 micro-batches = one step on the whole batch (same loss normalisation)."""
+    a = load_checkpoint(train(small_config(tmp_path / "a", steps=5, eval_every=5)))
+    b = load_checkpoint(train(small_config(tmp_path / "b", steps=5, eval_every=5, grad_accum=4)))
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    for key in sa:
+        if sa[key].is_floating_point() and not key.endswith("b_K"):
+            torch.testing.assert_close(sa[key], sb[key], atol=1e-5, rtol=0, msg=key)
+
+
+def test_bf16_autocast_trains_with_fp32_master_weights(tmp_path):
+    from nopeinterp.training.runtime import Runtime
+
+    rt = Runtime.start("cpu", "bf16")
+    with rt.autocast():  # the context the trainer's forward runs in
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    cfg = small_config(
+        tmp_path, precision="bf16", steps=300, batch_size=32, lr=3e-3, d_model=64, n_layers=2,
+        n_heads=4, eval_every=300, eval_n=50,
+    )  # fmt: skip
+    ckpt = load_checkpoint(train(cfg))
+    assert all(p.dtype == torch.float32 for p in ckpt.model.parameters())
+    speed = ckpt.meta["throughput"]
+    assert speed["precision"] == "bf16" and speed["tokens_per_s"] > 0 and speed["steps_per_s"] > 0
+    assert speed["mfu"] is None  # no known peak FLOP/s for a CPU
+    # it learns: an untrained model scores 0; fp32 and bf16 both reached 0.7 when measured
+    assert ckpt.meta["val_accuracy"] >= 0.5, ckpt.meta["val_accuracy"]
+
+
+def test_throughput_formula_and_known_peaks():
+    from nopeinterp.training.runtime import PEAK_FLOPS, flops_per_token, peak_flops
+
+    # 6 FLOPs per parameter per token (forward 2, backward 4) plus attention 12*L*d*T
+    assert flops_per_token(1000, 2, 8, 10) == 6 * 1000 + 12 * 2 * 8 * 10
+    assert PEAK_FLOPS["A100"]["bf16"] == 312e12  # NVIDIA A100 data sheet, dense
+    assert peak_flops(torch.device("cpu"), "bf16") is None

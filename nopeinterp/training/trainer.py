@@ -1,17 +1,33 @@
 """A plain training loop (nanoGPT-style): AdamW, warmup then linear decay, loss on the target.
 
-Determinism: the batch at step s depends only on (task, seed, s), and nothing else in the
-loop is random, so a run resumed from its training state reaches the same weights as one
-that never stopped. The state (weights, optimizer, step, best validation) is written every
-`checkpoint_every` steps to `<out>.state.pt`, atomically; the model with the best validation
-accuracy so far (exact match on ID lengths, as the paper selects) is written to `out`.
+Determinism: the global batch at step s depends only on (task, seed, s); dropout's random
+state is re-seeded from (seed, step, rank) at every step; and torch runs in deterministic-
+algorithm mode while training (`runtime.deterministic_algorithms`: at more than one CPU thread
+the embedding backward is otherwise order-dependent). So a run resumed from its training state
+reaches the same weights (`torch.equal`) as one that never stopped, at any thread count.
+
+Scale: `device` (auto/cpu/cuda/mps), `precision` (autocast in bf16/fp16 over fp32 master
+weights, a GradScaler for fp16), `grad_accum` micro-batches per step, and data parallelism
+under `torchrun` (DDP): the global batch of `batch_size` examples is cut into
+world_size * grad_accum equal micro-batches and rank r takes the r-th group of grad_accum of
+them, so every rank's data is a disjoint, deterministic slice and the loss (a sum over target
+tokens divided by the global batch's target-token count) is the single-process loss.
+Rank 0 alone evaluates and writes files: the training state (weights, optimizer, scaler,
+step, best validation) every `checkpoint_every` steps to `<out>.state.pt`, and the model with
+the best validation exact match (ID lengths, as the paper selects) to `out`, both atomically.
+A lock on `<out>.lock` refuses a second run on the same `out`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
+import os
+import pickle
 import platform
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +38,17 @@ from tqdm.auto import tqdm
 from nopeinterp.checkpoint import _atomic_write, save_checkpoint
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import exact_match
-from nopeinterp.models import build_model
-from nopeinterp.tasks import encode_examples, get_task, task_tokenizer
+from nopeinterp.models import PE_TYPES, build_model
+from nopeinterp.tasks import TASKS, encode_examples, get_task, task_tokenizer
+from nopeinterp.training.presets import preset_values
+from nopeinterp.training.runtime import (
+    DEVICES,
+    PRECISIONS,
+    Runtime,
+    deterministic_algorithms,
+    flops_per_token,
+    peak_flops,
+)
 
 
 @dataclass
@@ -32,7 +57,7 @@ class TrainConfig:
     pe: str
     out: str
     steps: int = 2000
-    batch_size: int = 32
+    batch_size: int = 32  # the global batch: over all ranks and accumulation steps
     lr: float = 1e-3
     warmup: float = 0.06  # fraction of steps, as the paper
     weight_decay: float = 0.01
@@ -43,18 +68,81 @@ class TrainConfig:
     d_model: int = 64
     d_mlp: int | None = None
     attn_scale: bool = True
+    dropout: float = 0.0
     pe_options: dict = field(default_factory=dict)
     task_options: dict = field(default_factory=dict)  # e.g. {"id_lengths": [2, 10]}
     eval_every: int = 250
     eval_n: int = 100
     checkpoint_every: int = 250
     dtype: str = "float32"  # of the saved best checkpoint: float32 or float16
+    precision: str = "fp32"  # of the computation: fp32, bf16 or fp16 (autocast)
+    grad_accum: int = 1
+    preset: str | None = None  # recorded; make_config applies its values
+    device: str = "auto"
     resume: bool = False
     progress: bool = True
     stop_after: int | None = None  # stop (as if interrupted) after this step; for tests
 
+    def __post_init__(self):
+        self.validate()
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        """Raise NopeinterpError naming the first bad value; nothing has run yet."""
+        if self.task not in TASKS:
+            raise NopeinterpError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.pe not in PE_TYPES:
+            raise NopeinterpError(f"unknown pe {self.pe!r}; choose one of {', '.join(PE_TYPES)}")
+        for name in ("steps", "batch_size", "n_layers", "n_heads", "d_model", "eval_every"):
+            _at_least(self, name, 1)
+        for name in ("eval_n", "checkpoint_every", "grad_accum"):
+            _at_least(self, name, 1)
+        if self.d_mlp is not None:
+            _at_least(self, "d_mlp", 1)
+        if self.stop_after is not None:
+            _at_least(self, "stop_after", 1)
+        if self.d_model % self.n_heads:
+            raise NopeinterpError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
+            )
+        checks = [
+            ("lr", self.lr > 0, "> 0"),
+            ("weight_decay", self.weight_decay >= 0, ">= 0"),
+            ("warmup", 0 <= self.warmup < 1, "a fraction of steps in [0, 1)"),
+            ("grad_clip", self.grad_clip > 0, "> 0"),
+            ("dropout", 0 <= self.dropout < 1, "in [0, 1)"),
+            ("dtype", self.dtype in ("float32", "float16"), "float32 or float16"),
+            ("precision", self.precision in PRECISIONS, " or ".join(PRECISIONS)),
+            ("device", self.device in DEVICES, " or ".join(DEVICES)),
+        ]
+        for name, ok, expected in checks:
+            value = getattr(self, name)
+            if not ok or (isinstance(value, float) and not math.isfinite(value)):
+                raise NopeinterpError(f"{name}={value!r}: must be {expected}")
+        if self.batch_size % self.grad_accum:
+            raise NopeinterpError(
+                f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}"
+            )
+        if Path(self.out).is_dir():
+            raise NopeinterpError(f"out={self.out}: is a directory; give a file path (.pt)")
+
+
+def _at_least(cfg, name, low):
+    value = getattr(cfg, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise NopeinterpError(f"{name}={value!r}: must be an integer >= {low}")
+
+
+# Settings that do not change what a run computes: a resumed run may differ in these.
+RUN_ONLY = ("out", "device", "resume", "progress", "stop_after")
+
+
+def make_config(task: str, pe: str, out, *, preset: str | None = None, **overrides) -> TrainConfig:
+    """TrainConfig from a preset's values (for this task) with `overrides` on top."""
+    values = {**preset_values(preset, task), **overrides}
+    return TrainConfig(task=task, pe=pe, out=str(out), preset=preset, **values)
 
 
 def lr_factor(step: int, total: int, warmup_steps: int) -> float:
@@ -64,16 +152,34 @@ def lr_factor(step: int, total: int, warmup_steps: int) -> float:
     return max(0.0, (total - step) / max(1, total - warmup_steps))
 
 
-def train_batch(task, tokenizer, cfg: TrainConfig, step: int):
-    examples = task.generate(cfg.batch_size, seed=cfg.seed * 1_000_003 + step, split="train")
-    return encode_examples(tokenizer, examples)
+def train_examples(task, cfg: TrainConfig, step: int):
+    """The global batch of step `step`: a function of (task, seed, step) only."""
+    return task.generate(cfg.batch_size, seed=cfg.seed * 1_000_003 + step, split="train")
 
 
-def target_loss(model, batch) -> torch.Tensor:
-    """Cross-entropy on target tokens (and the final <eos>) only; padding never counts."""
+def micro_batches(batch, rank: int, world_size: int, grad_accum: int) -> list:
+    """Rank `rank`'s grad_accum micro-batches: row slices of the encoded global batch."""
+    n = world_size * grad_accum
+    size = len(batch) // n
+    fields = [f.name for f in dataclasses.fields(batch)]
+    return [
+        type(batch)(**{f: getattr(batch, f)[i * size : (i + 1) * size] for f in fields})
+        for i in range(rank * grad_accum, (rank + 1) * grad_accum)
+    ]
+
+
+def target_loss(model, batch, normalizer: float | None = None) -> torch.Tensor:
+    """Cross-entropy on target tokens (and the final <eos>) only; padding never counts.
+
+    The mean over the batch's target tokens, or their sum divided by `normalizer` (the
+    global batch's target-token count, so micro-batches add up to the global mean).
+    """
     logits = model(batch.tokens, attention_mask=batch.attention_mask)
     mask = batch.target_mask[:, :-1]
-    return F.cross_entropy(logits[:, :-1][mask], batch.tokens[:, 1:][mask])
+    logits, targets = logits[:, :-1][mask], batch.tokens[:, 1:][mask]
+    if normalizer is None:
+        return F.cross_entropy(logits.float(), targets)
+    return F.cross_entropy(logits.float(), targets, reduction="sum") / normalizer
 
 
 def _versions() -> dict:
@@ -89,11 +195,116 @@ def _versions() -> dict:
     }
 
 
+def _read_state(path: Path) -> dict:
+    # TODO(merge i12): use checkpoint.load_training_state once it exists (one loader).
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
+        reason = type(e).__name__
+        raise NopeinterpError(
+            f"{path}: unreadable training state ({reason}); delete it to start the run over"
+        ) from None
+    keys = {"config", "model", "optimizer", "scheduler", "step", "best_acc", "history", "wall"}
+    if not isinstance(state, dict) or not keys <= set(state):
+        raise NopeinterpError(f"{path}: not a nopeinterp training state; delete it to start over")
+    return state
+
+
+def config_differences(saved: dict, cfg: TrainConfig) -> list[str]:
+    """'key: saved -> now' for every setting (other than RUN_ONLY) that differs."""
+    defaults = TrainConfig(task=cfg.task, pe=cfg.pe, out=cfg.out).to_dict()
+    now = cfg.to_dict()
+    diffs = []
+    for key, value in now.items():
+        if key in RUN_ONLY:
+            continue
+        before = saved.get(key, defaults[key])
+        if _plain(before) != _plain(value):
+            diffs.append(f"{key}: {before!r} -> {value!r}")
+    return diffs
+
+
+def _plain(value):
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+class RunLockedError(NopeinterpError):
+    """Another process is training to the same `out` (it holds `<out>.lock`)."""
+
+
+def _lock(out: Path):
+    """An OS lock on <out>.lock, or NopeinterpError if another process holds it."""
+    from filelock import FileLock, Timeout
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NopeinterpError(
+            f"{out.parent}: cannot create the output folder ({e.strerror})"
+        ) from None
+    if not os.access(out.parent, os.W_OK):
+        raise NopeinterpError(f"{out.parent}: not writable")
+    lock = FileLock(str(out) + ".lock", timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RunLockedError(
+            f"{out}: another training run is writing this file (lock {out}.lock held); "
+            "wait for it or choose another --out"
+        ) from None
+    return lock
+
+
 def train(config: TrainConfig) -> Path:
-    """Train one model; returns the path of the best checkpoint (`config.out`)."""
-    cfg = config
+    """Train one model; returns the path of the best checkpoint (`config.out`).
+
+    Under torchrun (WORLD_SIZE > 1) every rank calls this; rank 0 writes the files.
+    """
+    config.validate()
+    rt = Runtime.start(config.device, config.precision)
+    lock = None
+    try:
+        error = None
+        if rt.is_main:
+            try:
+                lock = _lock(Path(config.out))
+            except NopeinterpError as e:
+                error = (type(e) is RunLockedError, str(e))
+        error = rt.broadcast(error)
+        if error:
+            raise (RunLockedError if error[0] else NopeinterpError)(error[1])
+        devices = [rt.device] if rt.device.type == "cuda" else []
+        with deterministic_algorithms(rt.device), torch.random.fork_rng(devices=devices):
+            return _train(config, rt)
+    finally:
+        if lock is not None:
+            lock.release()
+        rt.stop()
+
+
+def _train(cfg: TrainConfig, rt: Runtime) -> Path:
     out = Path(cfg.out)
     state_path = out.with_name(out.name + ".state.pt")
+    if cfg.batch_size % (rt.world_size * cfg.grad_accum):
+        raise NopeinterpError(
+            f"batch_size={cfg.batch_size} is not divisible by world_size*grad_accum="
+            f"{rt.world_size}*{cfg.grad_accum}"
+        )
+    state = None
+    if cfg.resume and state_path.exists():
+        state = _read_state(state_path)
+        diffs = config_differences(state["config"], cfg)
+        if diffs:
+            raise NopeinterpError(
+                f"{state_path}: not resuming, the run was started with other settings "
+                f"({'; '.join(diffs)}); use the same settings or delete the state to start over"
+            )
+    elif cfg.resume and out.exists():
+        raise NopeinterpError(f"{out} exists and has no training state: that run already finished")
     task = get_task(cfg.task, **cfg.task_options)
     tokenizer = task_tokenizer(task)
     val_examples = task.generate(cfg.eval_n, seed=cfg.seed, split="val")
@@ -114,46 +325,51 @@ def train(config: TrainConfig) -> Path:
         seed=cfg.seed,
         attn_scale=cfg.attn_scale,
         tokenizer=tokenizer,
+        dropout=cfg.dropout,
         **cfg.pe_options,
     )
+    if rt.device.type != "cpu":  # built on the CPU (same weights on every device), then moved
+        model.to(rt.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     warmup_steps = max(1, round(cfg.warmup * cfg.steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, cfg.steps, warmup_steps)
     )
+    scaler = rt.grad_scaler()
     start, best_acc, history, wall = 0, -1.0, [], 0.0
-    if cfg.resume and state_path.exists():
-        state = torch.load(state_path, map_location="cpu", weights_only=True)
-        if state["config"]["task"] != cfg.task or state["config"]["pe"] != cfg.pe:
-            raise NopeinterpError(f"{state_path}: state is for another task/PE; not resuming")
+    if state is not None:
         model.load_state_dict(state["model"], strict=False)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
         start, best_acc, history, wall = (
             state["step"],
             state["best_acc"],
             state["history"],
             state["wall"],
         )
-    elif cfg.resume and out.exists():
-        raise NopeinterpError(f"{out} exists and has no training state: that run already finished")
+    n_params = sum(p.numel() for p in model.parameters())
+    peak = peak_flops(rt.device, cfg.precision)
+    speed = {"device": str(rt.device), "precision": cfg.precision, "world_size": rt.world_size}
 
     def save_state(step):
-        state = {
+        snapshot = {
             "config": cfg.to_dict(),
             "model": {
-                k: v
+                k: v.cpu()
                 for k, v in model.state_dict().items()
                 if not k.endswith(("rotary_sin", "rotary_cos"))
             },
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler.is_enabled() else {},
             "step": step,
             "best_acc": best_acc,
             "history": history,
             "wall": wall,
         }
-        _atomic_write(state_path, lambda t: torch.save(state, t))
+        _atomic_write(state_path, lambda t: torch.save(snapshot, t))
 
     def save_best(step, val_acc):
         save_checkpoint(
@@ -172,57 +388,90 @@ def train(config: TrainConfig) -> Path:
             ood_lengths=list(task.ood_lengths),
             val_accuracy=val_acc,
             wall_time_s=round(wall, 1),
-            train_config={
-                k: v
-                for k, v in cfg.to_dict().items()
-                if k not in ("resume", "progress", "stop_after")
-            },
+            train_config={k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY},
+            throughput=dict(speed),
             versions=_versions(),
         )
 
+    train_model = model
+    if rt.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        train_model = DistributedDataParallel(
+            model, device_ids=[rt.device] if rt.device.type == "cuda" else None
+        )
     bar = tqdm(
-        total=cfg.steps, initial=start, desc=f"{cfg.task}/{cfg.pe}", disable=not cfg.progress
+        total=cfg.steps,
+        initial=start,
+        desc=f"{cfg.task}/{cfg.pe}",
+        disable=not (cfg.progress and rt.is_main),
     )
     last_val = history[-1]["val_accuracy"] if history else float("nan")
-    tokens_seen, t_window = 0, time.perf_counter()
+    tokens_seen, train_time, stopped = 0, 0.0, False
     model.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
-        batch = train_batch(task, tokenizer, cfg, step)
-        loss = target_loss(model, batch)
+        torch.manual_seed((cfg.seed * 1_000_003 + step) * 1024 + rt.rank)  # dropout masks
+        batch = encode_examples(tokenizer, train_examples(task, cfg, step))
+        n_target = int(batch.target_mask.sum())
+        chunks = micro_batches(batch, rt.rank, rt.world_size, cfg.grad_accum)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_sum = torch.zeros((), device=rt.device)
+        for i, chunk in enumerate(chunks):
+            chunk = chunk.to(rt.device)
+            sync = not rt.distributed or i == len(chunks) - 1
+            with contextlib.nullcontext() if sync else train_model.no_sync():
+                with rt.autocast():
+                    # DDP averages gradients over ranks: scale up so they add up instead.
+                    loss = target_loss(train_model, chunk, n_target) * rt.world_size
+                scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+        if rt.distributed:  # for the progress bar and history only: the global batch's loss
+            torch.distributed.all_reduce(loss_sum)
+        scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         scheduler.step()
-        wall += time.perf_counter() - t0
+        rt.synchronize()
+        step_time = time.perf_counter() - t0
+        wall += step_time
+        train_time += step_time
         tokens_seen += int(batch.attention_mask.sum())
         done = step + 1
-        if done % cfg.eval_every == 0 or done == cfg.steps:
+        tok_s = tokens_seen / max(train_time, 1e-9)
+        speed["tokens_per_s"] = round(tok_s, 1)
+        speed["steps_per_s"] = round((done - start) / max(train_time, 1e-9), 4)
+        seq_len = float(batch.attention_mask.sum(1).float().mean())
+        fpt = flops_per_token(n_params, cfg.n_layers, cfg.d_model, seq_len)
+        speed["mfu"] = round(fpt * tok_s / (peak * rt.world_size), 4) if peak else None
+        if rt.is_main and (done % cfg.eval_every == 0 or done == cfg.steps):
             model.eval()
             t0 = time.perf_counter()
-            val_acc = sum(exact_match(model, tokenizer, task, val_examples)) / len(val_examples)
+            with rt.autocast():
+                correct = exact_match(model, tokenizer, task, val_examples)
+            val_acc = sum(correct) / len(val_examples)
             wall += time.perf_counter() - t0
             model.train()
-            history.append({"step": done, "loss": loss.item(), "val_accuracy": val_acc})
+            loss_value = float(loss_sum) / rt.world_size
+            history.append({"step": done, "loss": loss_value, "val_accuracy": val_acc})
             last_val = val_acc
             if val_acc > best_acc:
                 best_acc = val_acc
                 save_best(done, val_acc)
-        if done % cfg.checkpoint_every == 0 and done < cfg.steps:
+        stopped = cfg.stop_after is not None and cfg.stop_after <= done < cfg.steps
+        if rt.is_main and (done % cfg.checkpoint_every == 0 or stopped) and done < cfg.steps:
             save_state(done)
-        elapsed = time.perf_counter() - t_window
-        bar.set_postfix(
-            loss=f"{loss.item():.3f}",
-            tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}",
-            val=f"{last_val:.2f}",
-        )
+        postfix = {"loss": f"{float(loss_sum) / rt.world_size:.3f}", "tok_s": f"{tok_s:.0f}"}
+        if speed["mfu"] is not None:
+            postfix["mfu"] = f"{speed['mfu']:.1%}"
+        bar.set_postfix(**postfix, val=f"{last_val:.2f}")
         bar.update(1)
-        if cfg.stop_after is not None and done >= cfg.stop_after and done < cfg.steps:
-            save_state(done)
-            bar.close()
-            return out
+        if stopped:
+            break
     bar.close()
     model.eval()
-    state_path.unlink(missing_ok=True)  # finished: the best checkpoint is what remains
+    rt.barrier()
+    if rt.is_main and not stopped:
+        state_path.unlink(missing_ok=True)  # finished: the best checkpoint is what remains
     return out

@@ -1,0 +1,289 @@
+"""Grids of training runs: `run_sweep` trains (tasks x PEs x seeds) and `collect` reads them.
+
+Layout: `<out>/<run>/model.pt` (the best checkpoint), `<out>/<run>/record.json` (one small
+record per finished run: config, versions, wall time, ID/OOD exact match per length), where
+`<run>` is `run_name(spec)`, e.g. `copy-nope-seed0` or `copy.variant=rsc-t5-seed1`.
+A run with a record is finished and skipped; one with a training state resumes; the trainer's
+lock on each checkpoint keeps two sweeps (shards, reruns) from training the same run at once.
+`shard=(i, n)` takes every n-th run of the grid starting at i, so n machines or a SLURM array
+(`--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`) split a grid with no scheduler here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+import pandas as pd
+
+from nopeinterp.errors import NopeinterpError
+
+RECORD = "record.json"
+CHECKPOINT = "model.pt"
+# Record fields that differ between two runs of the same spec (timing, machine).
+NONDETERMINISTIC = ("wall_time_s", "throughput", "versions", "finished_at")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    task: str
+    pe: str
+    seed: int
+    task_options: tuple = ()  # sorted (key, value) pairs, hashable
+
+    @property
+    def options(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.task_options}
+
+
+def _value(text: str):
+    """'3' -> 3, '0.5' -> 0.5, '2-20' -> (2, 20), 'true' -> True, else the string."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    lo, sep, hi = text.partition("-")
+    if sep and lo.isdigit() and hi.isdigit():
+        return (int(lo), int(hi))
+    return text
+
+
+def parse_task_spec(text: str) -> tuple[str, dict]:
+    """'copy' -> ('copy', {}); 'copy:variant=rsc,id_lengths=2-20' -> ('copy', {...}).
+
+    Options go to the task's constructor (`get_task(name, **options)`); 'a-b' is a range.
+    """
+    from nopeinterp.tasks import TASKS
+
+    name, _, rest = text.partition(":")
+    if name not in TASKS:
+        raise NopeinterpError(
+            f"unknown task {name!r} in {text!r}; choose one of {', '.join(TASKS)}"
+        )
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key.isidentifier() or not value:
+            raise NopeinterpError(
+                f"bad task option {item!r} in {text!r} (use e.g. copy:variant=rsc,id_lengths=2-20)"
+            )
+        options[key] = _value(value)
+    return name, options
+
+
+def run_name(spec: RunSpec) -> str:
+    """The run's folder name: <task>[.<k>=<v>...]-<pe>-seed<seed>."""
+    opts = "".join(
+        f".{k}={'-'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in spec.task_options
+    )
+    return f"{spec.task}{opts}-{spec.pe}-seed{spec.seed}"
+
+
+def grid(tasks, pes, seeds) -> list[RunSpec]:
+    """Every (task spec, PE, seed), in that nesting order; `tasks` are spec strings."""
+    from nopeinterp.models import PE_TYPES
+
+    for pe in pes:
+        if pe not in PE_TYPES:
+            raise NopeinterpError(f"unknown pe {pe!r}; choose one of {', '.join(PE_TYPES)}")
+    runs = []
+    for text in tasks:
+        name, options = parse_task_spec(text)
+        opts = tuple(sorted(options.items()))
+        runs += [RunSpec(name, pe, int(seed), opts) for pe in pes for seed in seeds]
+    if len(set(runs)) != len(runs):
+        raise NopeinterpError("the grid names a run twice (repeated task, PE or seed)")
+    return runs
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'i/n' with 0 <= i < n."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise NopeinterpError(f"bad shard {text!r}: use i/n, e.g. 0/4") from None
+    if not 0 <= i < n:
+        raise NopeinterpError(f"bad shard {text!r}: need 0 <= i < n")
+    return i, n
+
+
+@dataclass
+class SweepPlan:
+    out: Path
+    runs: list[RunSpec]
+    preset: str | None = None
+    overrides: dict = field(default_factory=dict)  # TrainConfig values for every run
+    eval_n: int = 100  # examples per length in the record's exact match
+
+
+def _write_json(path: Path, data: dict) -> None:
+    from nopeinterp.checkpoint import _atomic_write
+
+    _atomic_write(path, lambda t: Path(t).write_text(json.dumps(data, indent=1, sort_keys=True)))
+
+
+def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
+    """Train (or resume) one run, evaluate it and write its record. Returns its status:
+    'skipped' (a record exists), 'finished', 'interrupted' (stopped early: no record) or
+    'busy' (another process holds its lock)."""
+    import torch
+
+    from nopeinterp.evaluation import evaluate
+    from nopeinterp.training.trainer import RUN_ONLY, RunLockedError, _versions, make_config, train
+
+    if threads:
+        torch.set_num_threads(threads)
+    folder = plan.out / run_name(spec)
+    record_path, ckpt = folder / RECORD, folder / CHECKPOINT
+    if record_path.exists():
+        return "skipped"
+    state = ckpt.with_name(ckpt.name + ".state.pt")
+    options = {**plan.overrides.get("task_options", {}), **spec.options}
+    overrides = {**plan.overrides, "task_options": options, "seed": spec.seed, "progress": False}
+    cfg = make_config(spec.task, spec.pe, ckpt, preset=plan.preset, **overrides)
+    t0 = time.time()
+    if state.exists() or not ckpt.exists():
+        cfg.resume = True
+        try:
+            train(cfg)
+        except RunLockedError:
+            return "busy"
+    if state.exists():
+        return "interrupted"
+    from nopeinterp.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(ckpt)
+    table = evaluate(checkpoint, n=plan.eval_n, progress=False)
+    meta = checkpoint.meta
+    record = {
+        "run": folder.name,
+        "task": spec.task,
+        "task_options": spec.options,
+        "pe": spec.pe,
+        "seed": spec.seed,
+        "preset": plan.preset,
+        "config": {k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY},
+        "best_step": meta.get("step"),
+        "val_accuracy": meta.get("val_accuracy"),
+        "eval_n": plan.eval_n,
+        "accuracy": [
+            {k: _json_value(row[k]) for k in ("length", "split", "n", "correct", "accuracy")}
+            | {"evaluable": bool(row["evaluable"])}
+            for row in table.to_dict("records")
+        ],
+        "wall_time_s": meta.get("wall_time_s", round(time.time() - t0, 1)),
+        "throughput": meta.get("throughput"),
+        "versions": _versions(),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    _write_json(record_path, record)
+    return "finished"
+
+
+def _json_value(v):
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and v != v:
+        return None  # NaN (not evaluable) -> null
+    return v
+
+
+def run_sweep(
+    tasks,
+    pes,
+    seeds,
+    out,
+    *,
+    preset: str | None = None,
+    overrides: dict | None = None,
+    workers: int = 1,
+    shard: tuple[int, int] = (0, 1),
+    eval_n: int = 100,
+    log=print,
+) -> dict[str, str]:
+    """Run this shard of the grid with `workers` processes; {run name: status}.
+
+    Each worker gets cpu_count // workers torch threads. Safe to rerun: finished runs are
+    skipped, interrupted ones resume.
+    """
+    from nopeinterp.training.trainer import make_config
+
+    if workers < 1 or eval_n < 1:
+        raise NopeinterpError(f"workers={workers}, eval_n={eval_n}: both must be >= 1")
+    runs = grid(tasks, pes, seeds)
+    i, n = shard
+    runs = runs[i::n]
+    overrides = dict(overrides or {})
+    # Every setting checked before any run starts (bad values fail here, once).
+    for spec in runs:
+        opts = {**overrides.get("task_options", {}), **spec.options}
+        make_config(
+            spec.task,
+            spec.pe,
+            Path(out) / run_name(spec) / CHECKPOINT,
+            preset=preset,
+            **{**overrides, "task_options": opts, "seed": spec.seed},
+        )
+    plan = SweepPlan(Path(out), runs, preset, overrides, eval_n)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    statuses: dict[str, str] = {}
+    if workers <= 1:
+        for spec in runs:
+            statuses[run_name(spec)] = status = run_one(plan, spec)
+            log(f"{run_name(spec)}: {status}")
+        return statuses
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        futures = {run_name(s): pool.submit(run_one, plan, s, threads) for s in runs}
+        for name, future in futures.items():
+            statuses[name] = status = future.result()
+            log(f"{name}: {status}")
+    return statuses
+
+
+def collect(directory) -> pd.DataFrame:
+    """Every record under `directory` as one tidy table: one row per (run, length)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise NopeinterpError(f"{directory}: no such directory")
+    rows = []
+    for path in sorted(directory.rglob(RECORD)):
+        try:
+            record = json.loads(path.read_text())
+            if not isinstance(record, dict):
+                raise ValueError("not an object")
+            base = {
+                "run": record["run"],
+                "task": record["task"],
+                "task_options": json.dumps(record["task_options"], sort_keys=True),
+                "pe": record["pe"],
+                "seed": record["seed"],
+                "preset": record.get("preset"),
+                "steps": record["config"]["steps"],
+                "best_step": record.get("best_step"),
+                "val_accuracy": record.get("val_accuracy"),
+                "wall_time_s": record.get("wall_time_s"),
+            }
+            rows += [{**base, **acc} for acc in record["accuracy"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise NopeinterpError(f"{path}: not a sweep record ({type(e).__name__}: {e})") from None
+    if not rows:
+        raise NopeinterpError(f"{directory}: no sweep records ({RECORD}) found")
+    return pd.DataFrame(rows)
+
+
+def summarize_runs(table: pd.DataFrame) -> pd.DataFrame:
+    """ID / OOD exact match per run: mean over evaluable lengths, weighted by examples."""
+    ok = table[table["evaluable"]]
+    g = ok.groupby(["run", "task", "task_options", "pe", "seed", "split"], sort=True)
+    wide = (g["correct"].sum() / g["n"].sum()).unstack("split")
+    return wide.reset_index()
