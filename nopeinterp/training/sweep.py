@@ -162,7 +162,7 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
     from nopeinterp.checkpoint import load_checkpoint
 
     checkpoint = load_checkpoint(ckpt)
-    table = evaluate(checkpoint, n=plan.eval_n, progress=False)
+    table = evaluate(checkpoint, n=plan.eval_n, progress=False).table
     meta = checkpoint.meta
     record = {
         "run": folder.name,
