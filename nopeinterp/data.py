@@ -117,6 +117,14 @@ class ModelInput:
     checkpoint: object | None = None  # the loaded Checkpoint, if it came from one
 
     @property
+    def layer_pe(self) -> list[str]:
+        """Each block's positional encoding (per-layer mixes, e.g. SmolLM3's NoPE layers, and
+        stock TransformerLens models alike), for labelling per-layer results."""
+        from nopeinterp.models import layer_pes
+
+        return layer_pes(self.model)
+
+    @property
     def task_spec(self):
         """The checkpoint's task: a name, or {"name": ..., **task_options}; None if unknown."""
         task = self.meta.get("task")

@@ -109,3 +109,20 @@ def test_all_four_analyses_run_on_stock_transformerlens_models(pos):
     # NoPE's own table cuts the data for everyone: all OOD and the longer ID sequences go
     assert sim.meta["dropped_ID"][NOT_READABLE] > 0 and "OOD" not in set(sim.per_example.split)
     assert ev.table.set_index("length")["evaluable"].to_dict() == {2: True, 3: True, 30: False}
+
+
+def test_per_layer_results_are_labelled_with_each_layers_pe():
+    tok = task_tokenizer(get_task("copy", **TASK_OPTIONS))
+    model = build_model(
+        "rotary", layer_pe=["rotary", "nope"], n_layers=2, n_heads=2, d_model=32,
+        d_vocab=len(tok), n_ctx=64, tokenizer=tok,
+    )  # fmt: skip
+    data = ("copy", tok)
+    probe = probe_position(model, data, n_train=24, n_eval=6, random_baseline=False, progress=False)
+    by_layer = probe.table.drop_duplicates("layer").set_index("layer")["layer_pe"].to_dict()
+    assert by_layer == {0: "embed", 1: "rotary", 2: "nope"}  # layer l = after block l-1
+    dist = distance_dependence(model, data, n_eval=6, progress=False)
+    assert dist.table.drop_duplicates("layer").set_index("layer")["layer_pe"].to_dict() == {
+        0: "rotary",
+        1: "nope",
+    }

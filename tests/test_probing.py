@@ -224,7 +224,7 @@ def test_alibi_with_zero_wq_scores_one_everywhere():
             block.attn.b_Q.zero_()
     tokens, mask = _batch(12, 3, 16)
     res = distance_dependence(model, tokens, attention_mask=mask, batch_size=5, progress=False)
-    assert list(res.table.columns)[:4] == ["split", "layer", "head", "score"]
+    assert list(res.table.columns)[:5] == ["split", "layer", "layer_pe", "head", "score"]
     assert len(res.table) == 2 * 4 and set(res.table.split) == {"all"}
     np.testing.assert_allclose(res.table.score, 1.0, atol=1e-6)
     # the fitted profile is the ALiBi line -slope * d

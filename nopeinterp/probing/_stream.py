@@ -50,15 +50,19 @@ def stream(
         torch.inference_mode(),
         tqdm(total=total, desc=desc, disable=not progress, leave=False) as bar,
     ):
+        device = model.cfg.device
         for idx, t, chunks in plan:
             tokens = s.tokens[idx, :t]
             mask = s.attention_mask[idx, :t]
+            # the model runs on its own device; what is yielded is on the CPU, where the
+            # probes' and scores' float64 statistics are accumulated
+            on_device = (tokens.to(device), mask.to(device))
             for chunk in chunks:
                 names = {n for k in chunk for n in groups[k]}
                 stop = max(block_of(n) for n in names) + 1
                 _, cache = model.run_with_cache(
-                    tokens,
-                    attention_mask=mask,
+                    on_device[0],
+                    attention_mask=on_device[1],
                     names_filter=lambda name, names=names: name in names,
                     stop_at_layer=stop,
                     return_cache_object=False,
@@ -67,9 +71,9 @@ def stream(
                     idx,
                     mask,
                     {
-                        k: cache[hook_names[k]]
+                        k: cache[hook_names[k]].cpu()
                         if isinstance(hook_names[k], str)
-                        else tuple(cache[n] for n in groups[k])
+                        else tuple(cache[n].cpu() for n in groups[k])
                         for k in chunk
                     },
                 )

@@ -57,7 +57,7 @@ from nopeinterp.probing._stream import stream
 from nopeinterp.results import Result
 
 _DTYPE = torch.float64
-TABLE_COLUMNS = ["split", "layer", "head", "score", "n_cells", "n_rows", "ss_tot"]
+TABLE_COLUMNS = ["split", "layer", "layer_pe", "head", "score", "n_cells", "n_rows", "ss_tot"]
 MASS_COLUMNS = ["split", "layer", "head", "distance", "mass", "profile", "n_rows"]
 REL_MASS_COLUMNS = ["split", "layer", "head", "rel_lo", "rel_hi", "mass", "uniform"]
 REL_BINS = 10
@@ -305,6 +305,7 @@ def distance_dependence(
         for layer in layers
     }
     rows, mass_rows, rel_rows = [], [], []
+    block_pe = mi.layer_pe
     for split, s in sets.items():
         stats = {layer: DistanceStats(H) for layer in layers}
         for _, mask, acts in stream(
@@ -342,6 +343,7 @@ def distance_dependence(
                     {
                         "split": split,
                         "layer": layer,
+                        "layer_pe": block_pe[layer],
                         "head": h,
                         "score": float(r2[h]),
                         "n_cells": st.n_cells,

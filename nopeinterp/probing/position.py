@@ -48,7 +48,7 @@ from nopeinterp.results import Result
 HOOKS = ("resid_post", "resid_mid", "attn_out", "mlp_out")
 METRICS = ("r2", "mae", "accuracy")
 MODELS = ("trained", "random_init", "shuffled", "constant")
-TABLE_COLUMNS = ["model", "layer", "hook", "hook_name", "split", "metric", "value", "n"]
+TABLE_COLUMNS = ["model", "layer", "layer_pe", "hook", "hook_name", "split", "metric", "value", "n"]
 
 
 def probe_layers(n_layers: int, hook: str = "resid_post", layers=None) -> dict[int, str]:
@@ -413,6 +413,9 @@ def probe_position(
     table = pd.DataFrame(rows)
     table["hook"] = hook
     table["hook_name"] = table.layer.map(layer_hooks)
+    # layer l reads block l-1's output (layer 0: the embeddings, before any attention)
+    block_pe = mi.layer_pe
+    table["layer_pe"] = table.layer.map(lambda layer: block_pe[layer - 1] if layer else "embed")
     table["model"] = pd.Categorical(table.model, categories=list(MODELS), ordered=True)
     table["split"] = pd.Categorical(table.split, categories=["ID", "OOD"], ordered=True)
     table["metric"] = pd.Categorical(table.metric, categories=list(METRICS), ordered=True)
