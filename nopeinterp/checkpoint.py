@@ -117,11 +117,11 @@ def save_checkpoint(model, path, *, tokenizer=None, dtype=None, **meta) -> Path:
     return path
 
 
-
-
 # --- reading untrusted files ----------------------------------------------------------------------
 def _reason(e: BaseException) -> str:
     """The reader's own reason, whole, without torch's advice to load with weights_only=False."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
     paragraphs = [p.strip() for p in str(e).split("\n\n") if p.strip()]
     kept = [
         p
@@ -197,7 +197,9 @@ def _read(path: Path) -> dict:
         try:
             state = load_file(path)
         except Exception as e:  # SafetensorError, OSError, or whatever a crafted header trips
-            raise CheckpointError(f"{path}: damaged safetensors checkpoint ({_reason(e)})") from None
+            raise CheckpointError(
+                f"{path}: damaged safetensors checkpoint ({_reason(e)})"
+            ) from None
         data = {**header, "state_dict": state}
     else:
         data = _torch_load(path, "checkpoint")
