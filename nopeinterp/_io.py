@@ -1,9 +1,10 @@
 """Writing files: the package's one atomic write, and the versions recorded in what it saves.
 
 `atomic_write` writes through a temporary file in the destination's folder and renames it
-into place, so a crash mid-write never leaves a half-written file. The temporary file is
-created with mode 0666 filtered by the process umask (what `open(path, "w")` gives), not
-mkstemp's 0600, so outputs get the user's normal permissions.
+into place, so a crash mid-write never leaves a half-written file. The file gets mode 0666
+filtered by the process umask (what `open(path, "w")` gives), not mkstemp's 0600: the
+temporary file is created with that mode by the kernel, and the mode is set again after the
+writer ran, since some writers (safetensors) replace the file they are given.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,15 +23,22 @@ class OutputError(NopeinterpError, OSError):
     """An output file or folder that cannot be written (names the path and the reason)."""
 
 
-def _temporary(path: Path) -> Path:
-    """A new empty file next to `path`, created 0666 & ~umask (O_EXCL: never an existing one)."""
+def _temporary(path: Path) -> tuple[Path, int]:
+    """A new empty file next to `path` (O_EXCL: never an existing one) and its mode.
+
+    Created with 0666, so the kernel applies the umask: the mode is what `open(path, "w")`
+    would give, without reading the process-wide umask.
+    """
     for _ in range(100):
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
         try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
             continue
-        return tmp
+        try:
+            return tmp, stat.S_IMODE(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
     raise FileExistsError(f"{path}: could not create a temporary file next to it")
 
 
@@ -45,9 +54,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
     path = Path(path)
     tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _temporary(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise OutputError(f"{path}: cannot write (Not a directory: {path.parent})") from None
+        tmp, mode = _temporary(path)
         write(str(tmp))
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException as e:
         if tmp is not None:
