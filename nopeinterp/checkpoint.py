@@ -369,3 +369,45 @@ def _load_weights(model, state, path):
     model.load_state_dict(
         {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}, strict=False
     )
+
+
+# --- info ------------------------------------------------------------------------------------------
+def _portable(value):
+    """`value` with absolute paths (of the machine that wrote the file) cut to their file name."""
+    if isinstance(value, str) and os.path.isabs(value) and len(value) > 1:
+        return Path(value).name
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_portable(v) for v in value]
+    return value
+
+
+def _inline(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_inline(v)}" for k, v in value.items()) or "{}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_inline(v) for v in value) + "]"
+    return str(value)
+
+
+def format_checkpoint_info(path) -> str:
+    """A checkpoint's PE, parameter count, config and meta as aligned `key: value` lines.
+
+    Absolute paths stored in the file (the training machine's) are shown as file names;
+    `versions` are the ones recorded at save time, `installed` the ones running now.
+    Raises CheckpointError for a bad file, like `load_checkpoint`.
+    """
+    ckpt = load_checkpoint(path)
+    rows = [
+        ("checkpoint", str(path)),
+        ("pe", ckpt.pe),
+        ("parameters", f"{sum(p.numel() for p in ckpt.model.parameters()):,}"),
+        ("config", _inline(ckpt.meta["config"])),
+    ]
+    rows += [
+        (str(k), _inline(_portable(v))) for k, v in ckpt.meta.items() if k not in ("pe", "config")
+    ]
+    rows.append(("installed", _inline(versions())))
+    width = max(len(k) for k, _ in rows) + 2
+    return "\n".join(f"{k + ':':<{width}}{v}" for k, v in rows)

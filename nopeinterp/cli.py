@@ -45,16 +45,7 @@ def parse_layers(text: str) -> list[int]:
 
 # --- subcommands ------------------------------------------------------------------------------
 def cmd_info(args) -> int:
-    ckpt = nopeinterp.load_checkpoint(args.checkpoint)
-    model = ckpt.model
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"checkpoint: {args.checkpoint}")
-    print(f"pe:         {ckpt.pe}")
-    print(f"parameters: {n_params:,}")
-    print("config:     " + ", ".join(f"{k}={v}" for k, v in ckpt.meta["config"].items()))
-    for key, value in ckpt.meta.items():
-        if key not in ("pe", "config"):
-            print(f"{key + ':':<12}{value}")
+    print(nopeinterp.format_checkpoint_info(args.checkpoint))
     return 0
 
 
