@@ -78,7 +78,8 @@ def build_model(
         use_attn_scale=True if attn_scale is None else attn_scale,
         seed=seed,
         device="cpu",
-        default_prepend_bos=False,  # our tokenizer's template adds <bos> itself
+        # to_tokens keeps the <bos> our tokenizer template adds (False would strip it)
+        default_prepend_bos=True,
         **extra,
     )
     with torch.random.fork_rng(devices=[]):  # TL seeds the global RNG; leave the caller's alone
