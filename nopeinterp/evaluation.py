@@ -8,8 +8,8 @@ positions as it would unpadded.
 
 from __future__ import annotations
 
+import logging
 import math
-import warnings
 from collections.abc import Sequence
 
 import pandas as pd
@@ -18,6 +18,8 @@ from tqdm.auto import tqdm
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
 from nopeinterp.tasks import Example, decode_answer, encode_examples, get_task
+
+log = logging.getLogger(__name__)
 
 
 def _left_pad(batch, pad_id):
@@ -123,6 +125,9 @@ def evaluate(
     """
     from nopeinterp.checkpoint import Checkpoint, load_checkpoint
 
+    for key, value in (("n", n), ("batch_size", batch_size)):
+        if value < 1:
+            raise ValueError(f"{key} must be >= 1, got {value}")
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
     task = get_task(ckpt.meta["task"], **ckpt.meta.get("task_options", {}))
     id_lo, id_hi = task.id_lengths
@@ -130,7 +135,7 @@ def evaluate(
         lengths = [*task.split_lengths("train"), *task.split_lengths("test")]
     limit = max_positions(ckpt.model)
     name = name or (ckpt.path.stem if ckpt.path else ckpt.pe)
-    rows = []
+    rows, skipped = [], []
     for length in tqdm(list(lengths), desc=f"eval {name}", disable=not progress, leave=False):
         split = "ID" if id_lo <= length <= id_hi else "OOD"
         if not task.has_length(length):
@@ -139,8 +144,8 @@ def evaluate(
             examples = task.generate(
                 n, lengths=length, seed=seed, split="val" if split == "ID" else "test"
             )
-        except ValueError as err:  # e.g. SCAN length 1: no held-out command of that length
-            warnings.warn(f"evaluate: skipping length {length}: {err}", stacklevel=2)
+        except ValueError:  # e.g. SCAN length 1: no held-out command of that length
+            skipped.append(length)
             continue
         row = {
             "model": name,
@@ -166,7 +171,11 @@ def evaluate(
         )
     if not rows:
         raise ValueError(f"no evaluable lengths among {list(lengths)} for task {task.name}")
-    return pd.DataFrame(rows)
+    if skipped:  # expected (SCAN has no held-out command of some lengths): one quiet line
+        log.info("evaluate %s: no held-out examples of length %s, skipped", name, skipped)
+    table = pd.DataFrame(rows)
+    table.attrs["skipped_lengths"] = skipped
+    return table
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:

@@ -380,6 +380,9 @@ def probe_position(
     longer than the ID range); ID sequences are split 20% held-out ID / 80% probe training
     (of which 20% choose alpha), seeded by `seed`.
     """
+    for name, value in (("n_train", n_train), ("n_eval", n_eval), ("batch_size", batch_size)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
     if isinstance(model, torch.nn.Module):
         model.eval()
     layer_hooks = probe_layers(model.cfg.n_layers, hook, layers)
@@ -398,6 +401,12 @@ def probe_position(
     )
     if "ID" not in sets:
         raise ValueError("no held-out ID sequences to evaluate the probe on")
+    empty = [n for n in ("fit", "val") if n not in sets or len(sets[n]) == 0]
+    if empty:
+        raise ValueError(
+            f"too few probe-training sequences (n_train={n_train}): the {empty[0]!r} set is "
+            "empty, and the probe needs sequences to fit on and to choose alpha with"
+        )
     train_masks = [sets[n].attention_mask for n in ("fit", "val")]
     n_classes = max(int(m.sum(1).max()) for m in train_masks)
     common = dict(

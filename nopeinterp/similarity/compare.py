@@ -264,6 +264,13 @@ def compare_attention(
         raise ValueError(f"{NOPE_PRIME!r} is reserved for nope_prime=")
     if nope_prime is not None:
         loaded[NOPE_PRIME] = _load(nope_prime, NOPE_PRIME)
+    for name, (model, _, _) in (("nope", base), (NOPE_PRIME, loaded.get(NOPE_PRIME, base))):
+        pe = getattr(model, "pe", "nope")  # a plain HookedTransformer is taken as given
+        if pe != "nope":
+            raise ValueError(
+                f"{name} must be a NoPE model, got a {pe!r} model: the ranking is the divergence "
+                "from NoPE's attention"
+            )
     for name, other in loaded.items():
         _check_same_setup(base, other, name)
 

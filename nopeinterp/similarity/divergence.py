@@ -35,7 +35,7 @@ forward pass stops after the last requested layer.
 from __future__ import annotations
 
 import itertools
-import warnings
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -46,6 +46,8 @@ from scipy.optimize import linear_sum_assignment
 from tqdm.auto import tqdm
 
 from nopeinterp.similarity.jsd import LN2
+
+log = logging.getLogger(__name__)
 
 HEAD_REDUCERS = ("min", "hungarian", "same")
 METRICS = ("jsd", "paper_jsd")
@@ -76,7 +78,8 @@ def attention_data(
     (drawn from its held-out "val" pool) and of its OOD range ("test"), or for `lengths`.
     Yields one AttentionBatch per length (so padding is minimal), with split "ID"/"OOD" by
     `task.id_lengths`. `task`: a Task or a task name; `tokenizer` defaults to
-    `task_tokenizer(task)`. A length with no available example is skipped with a warning.
+    `task_tokenizer(task)`. Lengths with no available example (SCAN has gaps) are skipped,
+    stated once in an info log line.
     """
     from nopeinterp.tasks import encode_examples, get_task, task_tokenizer
 
@@ -92,6 +95,7 @@ def attention_data(
         lengths = [*range(id_lo, id_hi + 1), *range(ood_lo, ood_hi + 1)]
     elif isinstance(lengths, int):
         lengths = [lengths]
+    skipped = []
     for length in sorted(set(lengths)):
         if not task.has_length(length):
             continue
@@ -100,8 +104,8 @@ def attention_data(
             examples = task.generate(
                 n_per_length, lengths=length, seed=seed, split="val" if is_id else "test"
             )
-        except ValueError as err:
-            warnings.warn(f"attention_data: skipping length {length}: {err}", stacklevel=2)
+        except ValueError:  # e.g. SCAN length 1: no held-out command of that length
+            skipped.append(length)
             continue
         batch = encode_examples(tokenizer, examples, with_target=True)
         yield AttentionBatch(
@@ -109,6 +113,10 @@ def attention_data(
             attention_mask=batch.attention_mask,
             lengths=batch.lengths,
             split=["ID" if is_id else "OOD"] * len(examples),
+        )
+    if skipped:
+        log.info(
+            "attention_data %s: no held-out examples of length %s, skipped", task.name, skipped
         )
 
 
