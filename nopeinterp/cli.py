@@ -12,35 +12,11 @@ import sys
 from pathlib import Path
 
 import nopeinterp
+from nopeinterp import _args
 from nopeinterp.errors import NopeinterpError
 
-
-def parse_lengths(text: str) -> list[int]:
-    """'2-40' -> [2..40]; '5,10,20' -> [5, 10, 20]; '8' -> [8]."""
-    lengths: list[int] = []
-    try:
-        for part in text.split(","):
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if lo > hi:
-                    raise ValueError
-                lengths.extend(range(lo, hi + 1))
-            else:
-                lengths.append(int(part))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid lengths {text!r} (use e.g. 2-40 or 5,10,20)"
-        ) from None
-    if not lengths or min(lengths) < 1:
-        raise argparse.ArgumentTypeError(f"invalid lengths {text!r}: lengths must be >= 1")
-    return lengths
-
-
-def parse_layers(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid layers {text!r} (use e.g. 0,1,2)") from None
+parse_lengths = _args.lengths  # argument checks live in nopeinterp._args
+parse_layers = _args.layers
 
 
 # --- subcommands ------------------------------------------------------------------------------
@@ -277,7 +253,7 @@ def cmd_report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _args.OneLineParser(
         prog="nopeinterp",
         description="Train, probe and compare Transformers that differ only in positional encoding.",
     )
@@ -297,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train one model on one task")
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--pe", required=True, choices=PE_TYPES)
-    p.add_argument("--out", required=True, help="path of the best checkpoint (.pt)")
+    p.add_argument(
+        "--out", required=True, type=_args.out_file, help="path of the best checkpoint (.pt)"
+    )
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -319,9 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="exact-match accuracy per length (greedy decoding)")
     p.add_argument("checkpoint")
     p.add_argument("--lengths", type=parse_lengths, default=None, help="default: ID and OOD ranges")
-    p.add_argument("--n", type=int, default=200, help="examples per length")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--out", default=None, help="directory for CSV + HTML")
+    p.add_argument("--n", type=_args.positive_int, default=200, help="examples per length")
+    p.add_argument("--batch-size", type=_args.positive_int, default=64)
+    p.add_argument("--out", default=None, type=_args.out_dir, help="directory for CSV + HTML")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser(
@@ -340,9 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lengths", type=parse_lengths, default=None, help="OOD lengths (default: task OOD)"
     )
-    p.add_argument("--n-train", type=int, default=512, help="sequences to fit on")
-    p.add_argument("--n-eval", type=int, default=256, help="sequences per evaluation split")
-    p.add_argument("--out", default=None, help="directory for CSV + HTML")
+    p.add_argument("--n-train", type=_args.positive_int, default=512, help="sequences to fit on")
+    p.add_argument(
+        "--n-eval", type=_args.positive_int, default=256, help="sequences per evaluation split"
+    )
+    p.add_argument("--out", default=None, type=_args.out_dir, help="directory for CSV + HTML")
     p.set_defaults(func=cmd_probe_position)
 
     p = sub.add_parser(
@@ -350,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("checkpoint", help="a checkpoint, or a directory: every checkpoint in it")
     p.add_argument("--layers", type=parse_layers, default=None)
-    p.add_argument("--out", default=None, help="directory for CSV + HTML")
+    p.add_argument("--out", default=None, type=_args.out_dir, help="directory for CSV + HTML")
     p.set_defaults(func=cmd_probe_distance)
 
     p = sub.add_parser(
@@ -369,21 +349,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="second NoPE seed (default: <dir>/<task>-nope-seed1.pt if present)",
     )
-    p.add_argument("--task", default=None, help="default: the NoPE checkpoint's task")
-    p.add_argument("--n-per-length", type=int, default=10)
+    p.add_argument(
+        "--task", default=None, choices=TASKS, help="default: the NoPE checkpoint's task"
+    )
+    p.add_argument("--n-per-length", type=_args.positive_int, default=10)
     p.add_argument("--heads", choices=("min", "hungarian", "same"), default="min")
     p.add_argument(
         "--paper-compat", action="store_true", help="the official code's formula and head pairing"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="directory for CSV + HTML report")
+    p.add_argument(
+        "--out", default=None, type=_args.out_dir, help="directory for CSV + HTML report"
+    )
     p.set_defaults(func=cmd_compare_attention)
 
     p = sub.add_parser("report", help="the main job: every analysis on a checkpoint directory")
     p.add_argument("--checkpoints", default="checkpoints")
-    p.add_argument("--out", default="reports/main")
-    p.add_argument("--n-eval", type=int, default=20, help="examples per length for exact match")
-    p.add_argument("--n-per-length", type=int, default=10, help="examples per length for JSD")
+    p.add_argument("--out", default="reports/main", type=_args.out_dir)
+    p.add_argument(
+        "--n-eval", type=_args.positive_int, default=20, help="examples per length for exact match"
+    )
+    p.add_argument(
+        "--n-per-length", type=_args.positive_int, default=10, help="examples per length for JSD"
+    )
     p.set_defaults(func=cmd_report)
     return parser
 
@@ -393,7 +381,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0
-    except (NopeinterpError, ValueError, FileNotFoundError, NotADirectoryError) as e:
+    except (NopeinterpError, ValueError, OSError) as e:  # OSError: unreadable or unwritable files
         print(f"nopeinterp {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
