@@ -70,16 +70,11 @@ def layers(text: str) -> list[int]:
     return out
 
 
-def _check_writable(path: Path, what: str) -> None:
-    """Raise ArgumentTypeError unless `path` (a `what`: folder or file) can be created/written."""
-    ancestor = path
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise argparse.ArgumentTypeError(f"{path}: cannot write here ({ancestor} is not a folder)")
+def _check_length(path: Path) -> None:
+    """Names and the path within the file system's limits (checked first: stat() fails else)."""
     try:
-        name_max = os.pathconf(ancestor, "PC_NAME_MAX")
-        path_max = os.pathconf(ancestor, "PC_PATH_MAX")
+        name_max = os.pathconf(".", "PC_NAME_MAX")
+        path_max = os.pathconf(".", "PC_PATH_MAX")
     except (OSError, ValueError):
         name_max, path_max = 255, 4096
     too_long = [p for p in path.parts if len(os.fsencode(p)) > name_max]
@@ -87,6 +82,15 @@ def _check_writable(path: Path, what: str) -> None:
         raise argparse.ArgumentTypeError(
             f"{path}: path too long (names up to {name_max} bytes, paths up to {path_max})"
         )
+
+
+def _check_writable(path: Path, what: str) -> None:
+    """Raise ArgumentTypeError unless `path` (a `what`: folder or file) can be created/written."""
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise argparse.ArgumentTypeError(f"{path}: cannot write here ({ancestor} is not a folder)")
     try:  # the real test (a read-only file system, permissions, even for root)
         with tempfile.TemporaryFile(dir=ancestor):
             pass
@@ -99,7 +103,8 @@ def _check_writable(path: Path, what: str) -> None:
 def out_dir(text: str) -> str:
     """An output folder: an existing writable folder, or one that can be created."""
     path = Path(text)
-    if path.exists() and not path.is_dir():
+    _check_length(path)
+    if path.is_file():
         raise argparse.ArgumentTypeError(f"{text}: exists and is not a folder")
     _check_writable(path, "a folder")
     return text
@@ -108,7 +113,8 @@ def out_dir(text: str) -> str:
 def out_file(text: str) -> str:
     """An output file: not a folder, in a folder that exists or can be created, writable."""
     path = Path(text)
+    _check_length(path)
+    _check_writable(path, "a file")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: is a folder, give a file path")
-    _check_writable(path, "a file")
     return text

@@ -133,6 +133,7 @@ def evaluate(
     id_lo, id_hi = task.id_lengths
     if lengths is None:
         lengths = [*task.split_lengths("train"), *task.split_lengths("test")]
+    task._resolve_lengths(list(lengths), "test")  # lengths outside the task's range: ValueError
     limit = max_positions(ckpt.model)
     name = name or (ckpt.path.stem if ckpt.path else ckpt.pe)
     rows, skipped = [], []
