@@ -112,22 +112,13 @@ def figure(table: pd.DataFrame):
 def evaluate_available(info, n: int, progress: bool) -> tuple[pd.DataFrame, list[int]]:
     """`evaluate` over the task's ID and OOD lengths; also the lengths it had to skip.
 
-    (`evaluate` skips a length whose held-out pool is empty, e.g. SCAN length 1, with a
-    warning; here the skipped lengths are collected and reported.)
+    (`evaluate` skips a length whose held-out pool is empty, e.g. SCAN length 1, and lists
+    the skipped lengths in `table.attrs["skipped_lengths"]`.)
     """
-    import warnings
-
     from nopeinterp.evaluation import evaluate
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        table = evaluate(info.load(), n=n, name=info.name, progress=progress)
-    skipped = [
-        int(str(w.message).split()[3].rstrip(":"))
-        for w in caught
-        if "skipping length" in str(w.message)
-    ]
-    return table, skipped
+    table = evaluate(info.load(), n=n, name=info.name, progress=progress)
+    return table, list(table.attrs.get("skipped_lengths", []))
 
 
 def main(argv=None) -> list[Path]:
