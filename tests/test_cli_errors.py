@@ -144,6 +144,7 @@ def test_every_bad_input_exits_2_with_one_line(ckpts):
     failures = []
     for name, proc in procs.items():
         lines = proc.stderr.strip().splitlines()
+        print(f"{name} -> {proc.returncode} -> {proc.stderr.strip()}")  # the table (-s)
         ok = proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr
         ok = ok and table[name][1] in lines[0] and "weights_only" not in proc.stderr
         if not ok:
