@@ -21,6 +21,8 @@ _EXPORTS = {
     "Checkpoint": "nopeinterp.checkpoint",
     "load_checkpoint": "nopeinterp.checkpoint",
     "save_checkpoint": "nopeinterp.checkpoint",
+    "format_checkpoint_info": "nopeinterp.checkpoint",
+    "load_training_state": "nopeinterp.checkpoint",
     "CheckpointError": "nopeinterp.errors",
     "NopeinterpError": "nopeinterp.errors",
 }

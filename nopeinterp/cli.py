@@ -13,49 +13,16 @@ import sys
 from pathlib import Path
 
 import nopeinterp
+from nopeinterp import _args
 from nopeinterp.errors import NopeinterpError
 
-
-def parse_lengths(text: str) -> list[int]:
-    """'2-40' -> [2..40]; '5,10,20' -> [5, 10, 20]; '8' -> [8]."""
-    lengths: list[int] = []
-    try:
-        for part in text.split(","):
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if lo > hi:
-                    raise ValueError
-                lengths.extend(range(lo, hi + 1))
-            else:
-                lengths.append(int(part))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid lengths {text!r} (use e.g. 2-40 or 5,10,20)"
-        ) from None
-    if not lengths or min(lengths) < 1:
-        raise argparse.ArgumentTypeError(f"invalid lengths {text!r}: lengths must be >= 1")
-    return lengths
-
-
-def parse_layers(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid layers {text!r} (use e.g. 0,1,2)") from None
+parse_lengths = _args.lengths  # argument checks live in nopeinterp._args
+parse_layers = _args.layers
 
 
 # --- subcommands ------------------------------------------------------------------------------
 def cmd_info(args) -> int:
-    ckpt = nopeinterp.load_checkpoint(args.checkpoint)
-    model = ckpt.model
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"checkpoint: {args.checkpoint}")
-    print(f"pe:         {ckpt.pe}")
-    print(f"parameters: {n_params:,}")
-    print("config:     " + ", ".join(f"{k}={v}" for k, v in ckpt.meta["config"].items()))
-    for key, value in ckpt.meta.items():
-        if key not in ("pe", "config"):
-            print(f"{key + ':':<12}{value}")
+    print(nopeinterp.format_checkpoint_info(args.checkpoint))
     return 0
 
 
@@ -233,6 +200,11 @@ def cmd_compare_attention(args) -> int:
     from nopeinterp import zoo
     from nopeinterp.similarity import compare_attention
 
+    if args.task is not None:
+        from nopeinterp.tasks import TASKS
+
+        if args.task not in TASKS:
+            raise NopeinterpError(f"unknown task {args.task!r}; choose one of {', '.join(TASKS)}")
     directory = Path(args.checkpoints)
     entries = zoo.find_checkpoints(directory) if directory.is_dir() else []
     if args.nope:
@@ -272,7 +244,7 @@ def cmd_report(args) -> int:
 # Flags mean one thing everywhere: --n is examples per length, --n-train / --n-eval are
 # sequences per probe split, --id-lengths / --ood-lengths override the task's ranges.
 def _out(p, what="CSV + HTML") -> None:
-    p.add_argument("--out", default=None, help=f"directory for {what}")
+    p.add_argument("--out", default=None, type=_args.out_dir, help=f"directory for {what}")
 
 
 def _analysis_flags(p) -> None:
@@ -290,7 +262,7 @@ def _analysis_flags(p) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     # No heavy import here: --help and --version answer at once.
-    parser = argparse.ArgumentParser(
+    parser = _args.OneLineParser(
         prog="nopeinterp",
         description="Train, probe and compare Transformers that differ only in positional encoding.",
     )
@@ -307,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train one model on one task (torchrun: data parallel)")
     p.add_argument("--task", required=True, help="copy, reverse, scan, ...[:option=value,...]")
     p.add_argument("--pe", required=True, help="nope, t5, alibi, rotary, ape, sinusoidal, ...")
-    p.add_argument("--out", required=True, help="path of the best checkpoint (.pt)")
+    p.add_argument(
+        "--out", required=True, type=_args.out_file, help="path of the best checkpoint (.pt)"
+    )
     p.add_argument("--seed", type=int, default=argparse.SUPPRESS)
     _add_train_flags(p)
     p.add_argument("--resume", action="store_true", help="continue from <out>.state.pt")
@@ -334,8 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="exact-match accuracy per length (greedy decoding)")
     p.add_argument("checkpoint")
     p.add_argument("--lengths", type=parse_lengths, default=None, help="default: ID and OOD ranges")
-    p.add_argument("--n", type=int, default=200, help="examples per length")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--n", type=_args.positive_int, default=200, help="examples per length")
+    p.add_argument("--batch-size", type=_args.positive_int, default=64)
     _out(p)
     p.set_defaults(func=cmd_eval)
 
@@ -343,8 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
         "probe-position", help="linear probes for absolute position, per layer (Theorem 1)"
     )
     _analysis_flags(p)
-    p.add_argument("--n-train", type=int, default=512, help="sequences to fit the probes on")
-    p.add_argument("--n-eval", type=int, default=256, help="sequences per evaluated split")
+    p.add_argument(
+        "--n-train", type=_args.positive_int, default=512, help="sequences to fit the probes on"
+    )
+    p.add_argument(
+        "--n-eval", type=_args.positive_int, default=256, help="sequences per evaluated split"
+    )
     _out(p)
     p.set_defaults(func=cmd_probe_position)
 
@@ -352,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
         "probe-distance", help="how much attention logits depend on n-m only (Theorem 2)"
     )
     _analysis_flags(p)
-    p.add_argument("--n-eval", type=int, default=128, help="sequences per evaluated split")
+    p.add_argument(
+        "--n-eval", type=_args.positive_int, default=128, help="sequences per evaluated split"
+    )
     _out(p)
     p.set_defaults(func=cmd_probe_distance)
 
@@ -373,7 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="second NoPE seed (default: <dir>/<task>-nope-seed1.pt if present)",
     )
     p.add_argument("--task", default=None, help="default: the NoPE checkpoint's task, else scan")
-    p.add_argument("--n", "--n-per-length", type=int, default=10, help="examples per length")
+    p.add_argument(
+        "--n", "--n-per-length", type=_args.positive_int, default=10, help="examples per length"
+    )
     p.add_argument("--heads", choices=("min", "hungarian", "same"), default="min")
     p.add_argument(
         "--paper-compat", action="store_true", help="the official code's formula and head pairing"
@@ -384,9 +366,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="the main job: every analysis on a checkpoint directory")
     p.add_argument("--checkpoints", default="checkpoints")
-    p.add_argument("--out", default="reports/main")
-    p.add_argument("--n", type=int, default=20, help="examples per length for exact match")
-    p.add_argument("--n-attention", type=int, default=10, help="examples per length for JSD")
+    p.add_argument("--out", default="reports/main", type=_args.out_dir)
+    p.add_argument(
+        "--n", type=_args.positive_int, default=20, help="examples per length for exact match"
+    )
+    p.add_argument(
+        "--n-attention", type=_args.positive_int, default=10, help="examples per length for JSD"
+    )
     p.set_defaults(func=cmd_report)
     return parser
 
@@ -396,7 +382,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0
-    except (NopeinterpError, ValueError, FileNotFoundError, NotADirectoryError) as e:
+    except (NopeinterpError, ValueError, OSError) as e:  # OSError: unreadable or unwritable files
         print(f"nopeinterp {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -94,7 +94,7 @@ def make_bad_files(tmp_path, tiny):
         "truncated": (tmp_path / "truncated.pt", "not a readable checkpoint"),
         "foreign": (tmp_path / "foreign.pt", "not a nopeinterp checkpoint"),
         "unknown_pe": (tmp_path / "unknown_pe.pt", "unknown positional encoding 'xpos'"),
-        "mismatch": (tmp_path / "mismatch.pt", r"embed.W_E has shape \(24, 32\).*\(24, 48\)"),
+        "mismatch": (tmp_path / "mismatch.pt", r"embed.W_E has shape \(24, 32\).*d_model=48"),
     }
     files["garbage"][0].write_bytes(b"\x00\x01 this is not torch")
     files["truncated"][0].write_bytes(data[: len(data) // 2])
@@ -161,3 +161,31 @@ def test_cli_version_and_help():
             [sys.executable, "-m", "nopeinterp.cli", flag], capture_output=True, text=True
         )
         assert proc.returncode == 0 and "nopeinterp" in proc.stdout
+
+
+def test_info_aligned_portable_and_real_versions(tmp_path, tiny, tokenizer):
+    from importlib.metadata import version
+
+    from nopeinterp import format_checkpoint_info
+
+    machine_path = "/home/someone/runs/copy-t5.pt"
+    path = save_checkpoint(
+        tiny("t5"),
+        tmp_path / "t5.pt",
+        tokenizer=tokenizer,
+        task="copy",
+        train_config={"out": machine_path, "steps": 5},
+        files=[machine_path],
+    )
+    text = format_checkpoint_info(path)
+    lines = text.splitlines()
+    keys = [line.split(":", 1)[0] for line in lines]
+    assert keys[:4] == ["checkpoint", "pe", "parameters", "config"] and "installed" in keys
+    # aligned: every value starts in the same column, one past the longest key's colon
+    column = max(len(k) for k in keys) + 2
+    assert all(line[column - 1] == " " and line[column] != " " for line in lines)
+    assert "/home/someone" not in text and "out=copy-t5.pt" in text
+    tl = version("transformer-lens")
+    recorded = next(line for line in lines if line.startswith("versions:"))
+    installed = next(line for line in lines if line.startswith("installed:"))
+    assert f"transformer_lens={tl}" in recorded and f"transformer_lens={tl}" in installed

@@ -238,9 +238,13 @@ def test_bad_train_arguments_are_refused_before_any_work(tmp_path, capsys, flag,
 def test_an_out_that_cannot_be_created_is_one_clear_error(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     out = tmp_path / "file" / "m.pt"  # its folder would be a file
-    assert main(["train", "--task", "copy", "--pe", "nope", "--out", str(out), "--steps", "2"]) == 2
+    with pytest.raises(SystemExit) as exit_info:  # refused while the arguments are parsed
+        main(["train", "--task", "copy", "--pe", "nope", "--out", str(out), "--steps", "2"])
+    assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "cannot create the output folder" in err
+    assert len(err.splitlines()) == 1 and "is not a folder" in err
+    with pytest.raises(NopeinterpError, match="cannot create the output folder"):  # the API too
+        train(small_config(tmp_path / "file"))
 
 
 def test_resume_of_a_damaged_state_is_one_clear_error(tmp_path):
@@ -249,7 +253,7 @@ def test_resume_of_a_damaged_state_is_one_clear_error(tmp_path):
     state = tmp_path / "m.pt.state.pt"
     state.write_bytes(state.read_bytes()[:100])
     cfg.stop_after, cfg.resume = None, True
-    with pytest.raises(NopeinterpError, match="unreadable training state"):
+    with pytest.raises(NopeinterpError, match="not a readable training state.*delete it"):
         train(cfg)
 
 

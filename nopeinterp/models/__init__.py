@@ -10,6 +10,7 @@ from nopeinterp.models.base import PEAttention, PETransformer
 from nopeinterp.models.registry import LAYER_PES, MODEL_CLASSES
 from nopeinterp.models.rotary import check_rope_scaling, rope_frequencies, rotary_dim
 from nopeinterp.models.t5 import t5_bucket_ids
+from nopeinterp.tasks.tokenizer import adds_bos
 
 # The paper's five encodings (and learned APE), then the newer ones.
 PAPER_PE_TYPES = ("nope", "t5", "alibi", "rotary", "ape", "sinusoidal")
@@ -123,7 +124,9 @@ def build_model(
         use_attn_scale=True if attn_scale is None else attn_scale,
         seed=seed,
         device="cpu",  # initialised here, then moved: same weights on every device
-        default_prepend_bos=False,  # our tokenizer's template adds <bos> itself
+        # to_tokens keeps the <bos> our tokenizer template adds (False would strip it); a
+        # tokenizer without a start token (the no-<bos> SCAN split) gets none added
+        default_prepend_bos=tokenizer is not None and adds_bos(tokenizer),
         **extra,
     )
     with torch.random.fork_rng(devices=[]):  # TL seeds the global RNG; leave the caller's alone

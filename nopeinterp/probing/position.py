@@ -355,6 +355,9 @@ def probe_position(
     probe training (of which 20% choose alpha), seeded by `seed`. The random-init baseline
     is a fresh model of the same config (`random_init_seed`, default the model's seed + 1).
     """
+    for name, value in (("n_train", n_train), ("n_eval", n_eval), ("batch_size", batch_size)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
     from nopeinterp.models.fresh import random_init_like
 
     mi = as_model(model)
@@ -377,6 +380,12 @@ def probe_position(
     )
     if "ID" not in sets:
         raise ValueError("no held-out ID sequences to evaluate the probe on")
+    empty = [n for n in ("fit", "val") if n not in sets or len(sets[n]) == 0]
+    if empty:
+        raise ValueError(
+            f"too few probe-training sequences (n_train={n_train}): the {empty[0]!r} set is "
+            "empty, and the probe needs sequences to fit on and to choose alpha with"
+        )
     train_masks = [sets[n].attention_mask for n in ("fit", "val")]
     n_classes = max(int(m.sum(1).max()) for m in train_masks)
     common = dict(

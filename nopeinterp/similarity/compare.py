@@ -237,6 +237,13 @@ def compare_attention(
         raise ValueError(f"{NOPE_PRIME!r} is reserved for nope_prime=")
     if nope_prime is not None:
         loaded[NOPE_PRIME] = as_model(nope_prime, NOPE_PRIME)
+    for name, mi in (("nope", base), (NOPE_PRIME, loaded.get(NOPE_PRIME, base))):
+        pe = getattr(mi.model, "pe", "nope")  # a plain HookedTransformer is taken as given
+        if pe != "nope":
+            raise ValueError(
+                f"{name} must be a NoPE model, got a {pe!r} model: the ranking is the divergence "
+                "from NoPE's attention"
+            )
     for name, other in loaded.items():
         _check_same_setup(base, other, name)
 

@@ -188,7 +188,14 @@ class Task(ABC):
             out = sorted(set(lengths))
         bad = [n for n in out if not (self.min_length <= n <= self.max_length)]
         if not out or bad:
-            raise TaskError(f"{self.name}: invalid lengths {bad or out}")
+            shown = bad or out
+            shown = (
+                shown if len(shown) <= 6 else f"{shown[:3]} ... {shown[-1]} ({len(shown)} lengths)"
+            )
+            raise TaskError(
+                f"{self.name}: invalid lengths {shown}: {self.name} has lengths "
+                f"{self.min_length}-{self.max_length}"
+            )
         return [n for n in out if self.has_length(n)]
 
     def eval_set(

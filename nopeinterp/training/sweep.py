@@ -126,9 +126,9 @@ class SweepPlan:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    from nopeinterp.checkpoint import _atomic_write
+    from nopeinterp._io import atomic_write
 
-    _atomic_write(path, lambda t: Path(t).write_text(json.dumps(data, indent=1, sort_keys=True)))
+    atomic_write(path, lambda t: Path(t).write_text(json.dumps(data, indent=1, sort_keys=True)))
 
 
 def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
@@ -137,8 +137,9 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
     'busy' (another process holds its lock)."""
     import torch
 
+    from nopeinterp._io import versions
     from nopeinterp.evaluation import evaluate
-    from nopeinterp.training.trainer import RUN_ONLY, RunLockedError, _versions, make_config, train
+    from nopeinterp.training.trainer import RUN_ONLY, RunLockedError, make_config, train
 
     if threads:
         torch.set_num_threads(threads)
@@ -182,7 +183,7 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
         ],
         "wall_time_s": meta.get("wall_time_s", round(time.time() - t0, 1)),
         "throughput": meta.get("throughput"),
-        "versions": _versions(),
+        "versions": versions(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     _write_json(record_path, record)

@@ -24,10 +24,7 @@ import contextlib
 import dataclasses
 import math
 import os
-import pickle
-import platform
 import time
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from nopeinterp.checkpoint import _atomic_write, save_checkpoint
+from nopeinterp._io import atomic_write, versions
+from nopeinterp.checkpoint import save_checkpoint
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import exact_match
 from nopeinterp.models import PE_TYPES, build_model
@@ -182,32 +180,17 @@ def target_loss(model, batch, normalizer: float | None = None) -> torch.Tensor:
     return F.cross_entropy(logits.float(), targets, reduction="sum") / normalizer
 
 
-def _versions() -> dict:
-    import transformer_lens
-
-    import nopeinterp
-
-    return {
-        "nopeinterp": nopeinterp.__version__,
-        "torch": str(torch.__version__),
-        "transformer_lens": str(getattr(transformer_lens, "__version__", "unknown")),
-        "python": platform.python_version(),
-    }
-
-
 def _read_state(path: Path) -> dict:
-    # TODO(merge i12): use checkpoint.load_training_state once it exists (one loader).
+    """The training state, read weights-only by the package's one loader (every failure one
+    line, naming the file)."""
+    from nopeinterp.checkpoint import load_training_state
+    from nopeinterp.errors import CheckpointError
+
+    keys = ("config", "model", "optimizer", "scheduler", "step", "best_acc", "history", "wall")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
-        reason = type(e).__name__
-        raise NopeinterpError(
-            f"{path}: unreadable training state ({reason}); delete it to start the run over"
-        ) from None
-    keys = {"config", "model", "optimizer", "scheduler", "step", "best_acc", "history", "wall"}
-    if not isinstance(state, dict) or not keys <= set(state):
-        raise NopeinterpError(f"{path}: not a nopeinterp training state; delete it to start over")
-    return state
+        return load_training_state(path, required=keys)
+    except CheckpointError as e:
+        raise NopeinterpError(f"{e}; delete it to start the run over") from None
 
 
 def config_differences(saved: dict, cfg: TrainConfig) -> list[str]:
@@ -369,7 +352,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             "history": history,
             "wall": wall,
         }
-        _atomic_write(state_path, lambda t: torch.save(snapshot, t))
+        atomic_write(state_path, lambda t: torch.save(snapshot, t))
 
     def save_best(step, val_acc):
         save_checkpoint(
@@ -390,7 +373,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             wall_time_s=round(wall, 1),
             train_config={k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY},
             throughput=dict(speed),
-            versions=_versions(),
+            versions=versions(),
         )
 
     train_model = model

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -12,20 +11,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to `path` via a temporary file and a rename: never a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+from nopeinterp._io import atomic_write_text  # re-exported: callers import it from here
 
 
 def save_figure(fig: go.Figure, path: str | os.PathLike) -> Path:

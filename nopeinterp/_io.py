@@ -1,0 +1,95 @@
+"""Writing files: the package's one atomic write, and the versions recorded in what it saves.
+
+`atomic_write` writes through a temporary file in the destination's folder and renames it
+into place, so a crash mid-write never leaves a half-written file. The file gets mode 0666
+filtered by the process umask (what `open(path, "w")` gives), not mkstemp's 0600: the
+temporary file is created with that mode by the kernel, and the mode is set again after the
+writer ran, since some writers (safetensors) replace the file they are given.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import secrets
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from nopeinterp.errors import NopeinterpError
+
+
+class OutputError(NopeinterpError, OSError):
+    """An output file or folder that cannot be written (names the path and the reason)."""
+
+
+def _temporary(path: Path) -> tuple[Path, int]:
+    """A new empty file next to `path` (O_EXCL: never an existing one) and its mode.
+
+    Created with 0666, so the kernel applies the umask: the mode is what `open(path, "w")`
+    would give, without reading the process-wide umask.
+    """
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        try:
+            return tmp, stat.S_IMODE(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+    raise FileExistsError(f"{path}: could not create a temporary file next to it")
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Path:
+    """Create `path` by calling `write(tmp)` on a temporary path, then renaming it into place.
+
+    `write` receives the temporary file's name (a str) and writes the whole content to it
+    (e.g. `lambda t: torch.save(obj, t)`). The parent folder is created if needed. If `write`
+    raises, the temporary file is removed and the exception propagates; an OSError from the
+    file system (unwritable folder, name too long, a folder in the way) is re-raised as
+    `OutputError` naming `path`.
+    """
+    path = Path(path)
+    tmp = None
+    try:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise OutputError(f"{path}: cannot write (Not a directory: {path.parent})") from None
+        tmp, mode = _temporary(path)
+        write(str(tmp))
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as e:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not isinstance(e, NopeinterpError):
+            raise OutputError(f"{path}: cannot write ({e.strerror or e})") from e
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` (UTF-8) to `path` atomically; returns the path."""
+    return atomic_write(path, lambda t: Path(t).write_text(text, encoding="utf-8"))
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and the packages whose behaviour a saved result depends on.
+
+    Read from the installed distributions' metadata (TransformerLens 3.9 has no
+    `__version__`), so recording them imports nothing.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    import nopeinterp
+
+    out = {"nopeinterp": nopeinterp.__version__, "python": platform.python_version()}
+    for name, dist in (("torch", "torch"), ("transformer_lens", "transformer-lens")):
+        try:
+            out[name] = version(dist)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
