@@ -30,12 +30,22 @@ def demo_models(*, n_layers: int = 2, n_heads: int = 2, d_model: int = 32):
     task = get_task("copy", **TASK_OPTIONS)
     tok = task_tokenizer(task)
     models = {
-        name: build_model(pe, n_layers=n_layers, n_heads=n_heads, d_model=d_model,
-                          d_vocab=len(tok), n_ctx=32, seed=seed, tokenizer=tok)  # fmt: skip
+        name: build_model(
+            pe,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            d_model=d_model,
+            d_vocab=len(tok),
+            n_ctx=32,
+            seed=seed,
+            tokenizer=tok,
+        )  # fmt: skip
         for name, pe, seed in [("nope", "nope", 0), ("t5", "t5", 0), ("alibi", "alibi", 0)]
     }
     batch = encode_examples(tok, task.generate(3, split="test", seed=0))
-    examples = [row[: int(n)] for row, n in zip(batch.tokens, batch.attention_mask.sum(1))]
+    examples = [
+        row[: int(n)] for row, n in zip(batch.tokens, batch.attention_mask.sum(1), strict=True)
+    ]
     return models, tok, examples
 
 
@@ -45,8 +55,11 @@ def demo_page(path: str | os.PathLike) -> Path:
     data = explorer_data(models, examples, labels=tok)
     lengths = list(range(2, 8))
     acc = pd.DataFrame(
-        [{"model": m, "length": n, "accuracy": 1.0 / (1 + i + n)}
-         for i, m in enumerate(models) for n in lengths]  # fmt: skip
+        [
+            {"model": m, "length": n, "accuracy": 1.0 / (1 + i + n)}
+            for i, m in enumerate(models)
+            for n in lengths
+        ]  # fmt: skip
     )
     fig = go.Figure(
         [go.Scatter(x=d["length"], y=d["accuracy"], name=m) for m, d in acc.groupby("model")]
