@@ -80,8 +80,10 @@ def test_bad_input_is_one_clear_error(models, tiny):
         explorer_data(models, EXAMPLES, layers=[2])
     with pytest.raises(NopeinterpError, match="vocabulary"):
         explorer_data(models, [torch.tensor([1, 99])])
-    with pytest.raises(NopeinterpError, match="n_ctx"):
-        explorer_data(models, [torch.ones(17, dtype=torch.long)])
+    long = [torch.ones(17, dtype=torch.long)]  # past TINY's n_ctx=16
+    assert explorer_data(models, long).tokens[0] == ["1"] * 17  # no limit for these PEs
+    with pytest.raises(NopeinterpError, match="'ape' cannot read example 0: learned APE"):
+        explorer_data({"nope": models["nope"], "ape": tiny("ape")}, long)
     with pytest.raises(NopeinterpError, match="1-D"):
         explorer_data(models, [torch.ones(2, 3, dtype=torch.long)])
     with pytest.raises(NopeinterpError, match="reference model 'rope'"):

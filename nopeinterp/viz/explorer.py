@@ -130,8 +130,6 @@ def explorer_data(
         for e in examples:
             if int(e.min()) < 0 or int(e.max()) >= c.d_vocab:
                 raise NopeinterpError(f"token ids outside model {n!r}'s vocabulary")
-            if e.numel() > c.n_ctx:
-                raise NopeinterpError(f"an example of {e.numel()} tokens exceeds {n!r}'s n_ctx")
     if isinstance(labels, Sequence) and not isinstance(labels, str):
         tokens = [[str(t) for t in lab] for lab in labels]
         if len(tokens) != len(examples) or any(
@@ -160,7 +158,10 @@ def explorer_data(
     for name in names:
         per = [[[""] * len(examples) for _ in range(n_heads)] for _ in layers]
         for ei, e in enumerate(examples):
-            pats = attention_patterns(models[name], e[None], None, layers)
+            try:  # the model enforces its own limits (learned APE: n_ctx positions)
+                pats = attention_patterns(models[name], e[None], None, layers)
+            except ValueError as err:
+                raise NopeinterpError(f"model {name!r} cannot read example {ei}: {err}") from None
             for li, layer in enumerate(layers):
                 p = pats[layer][0].float().cpu().numpy()  # [H, T, T]
                 for h in range(n_heads):
