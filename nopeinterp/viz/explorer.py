@@ -8,7 +8,8 @@ offline UI (no server) that draws them as heatmaps with the tokens on the axes.
 `nopeinterp.similarity.attention_patterns` (run_with_cache on `blocks.{l}.attn.hook_pattern`
 only; no TransformerLens import). Each pattern is stored as its causal lower triangle (row t
 holds keys 0..t), quantised to one byte (round(p * 255)) and base64-encoded: about 1.33 bytes
-per attention weight, so 6 models x 4 layers x 4 heads x 10 examples of 40 tokens is ~1 MB.
+per attention weight: 6 SCAN checkpoints x 4 layers x 4 heads x 10 OOD examples (41-54
+tokens) measured 1.34 MiB of JSON.
 The UI: selects for the left model (NoPE by default), the reference model, layer, head (or the
 mean over heads) and example; both heatmaps redraw with Plotly.react on every change.
 """
@@ -107,7 +108,8 @@ def explorer_data(
     `examples`: 1-D token-id tensors (one unpadded sequence each; lengths may differ).
     `labels`: a tokenizer (`convert_ids_to_tokens`), one list of strings per example, or
     None (token ids shown). `layers`: model layers to keep (default all). `left` defaults to
-    the first model whose name contains "nope", `reference` to the first other model.
+    the first model whose name contains "nope" (pass it when there are several, e.g. NoPE and
+    NoPE'), `reference` to the first other model.
     All models must have the same number of heads and the requested layers.
     """
     from nopeinterp.similarity import attention_patterns
