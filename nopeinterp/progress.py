@@ -65,6 +65,7 @@ class Progress:
         initial: int = 0,
         disable: bool = False,
         interval: float = 5.0,
+        leave: bool = False,
         file=None,
     ):
         self.iterable = iterable
@@ -85,7 +86,7 @@ class Progress:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc=desc, unit=unit, initial=initial, file=self.file,
-                             leave=False)  # fmt: skip
+                             leave=leave)  # fmt: skip
 
     # -- counting -------------------------------------------------------------------------
     def update(self, n: int = 1) -> None:
@@ -152,5 +153,6 @@ class Progress:
 def progress(iterable: Iterable | None = None, **kwargs) -> Progress:
     """Wrap `iterable` (or count manually with `.update`) and report progress; see the module
     docstring for what is printed where. Keywords: desc, total, unit, initial, disable,
-    interval (seconds between plain lines; 0 = every item), file (default sys.stderr)."""
+    interval (seconds between plain lines; 0 = every item), leave (keep the finished bar on a
+    terminal), file (default sys.stderr). The tqdm calls' keywords carry over unchanged."""
     return Progress(iterable, **kwargs)
