@@ -249,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="version", version=f"nopeinterp {nopeinterp.__version__}"
     )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress output (bars on a terminal, periodic lines in a log)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -341,8 +347,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from contextlib import nullcontext
+
+    from nopeinterp.progress import quiet
+
     try:
-        return args.func(args) or 0
+        with quiet() if args.quiet else nullcontext():
+            return args.func(args) or 0
     except (NopeinterpError, ValueError, FileNotFoundError, NotADirectoryError) as e:
         print(f"nopeinterp {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from nopeinterp.progress import progress as progress_bar
 
 from nopeinterp.data import as_model, max_positions, resolve_task, task_examples, task_lengths
 from nopeinterp.results import Result
@@ -200,7 +200,7 @@ def evaluate(
     limit = max_positions(mi.model)
     pe = mi.meta.get("pe", getattr(mi.model, "pe", None))
     rows, skipped = [], []
-    for length in tqdm(list(lengths), desc=f"eval {mi.name}", disable=not progress, leave=False):
+    for length in progress_bar(list(lengths), desc=f"eval {mi.name}", disable=not progress, leave=False):
         if not task.has_length(length):
             continue
         split, examples = task_examples(task, length, n, seed=seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 import torch
-from tqdm.auto import tqdm
+from nopeinterp.progress import progress as progress_bar
 
 from nopeinterp.data import Sequences
 
@@ -48,7 +48,7 @@ def stream(
     total = sum(len(chunks) for _, _, chunks in plan)
     with (
         torch.inference_mode(),
-        tqdm(total=total, desc=desc, disable=not progress, leave=False) as bar,
+        progress_bar(total=total, desc=desc, disable=not progress, leave=False) as bar,
     ):
         for idx, t, chunks in plan:
             tokens = s.tokens[idx, :t]

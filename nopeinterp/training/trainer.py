@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from nopeinterp.progress import progress as progress_bar
 
 from nopeinterp.checkpoint import _atomic_write, save_checkpoint
 from nopeinterp.errors import NopeinterpError
@@ -180,7 +180,7 @@ def train(config: TrainConfig) -> Path:
             versions=_versions(),
         )
 
-    bar = tqdm(
+    bar = progress_bar(
         total=cfg.steps, initial=start, desc=f"{cfg.task}/{cfg.pe}", disable=not cfg.progress
     )
     last_val = history[-1]["val_accuracy"] if history else float("nan")
