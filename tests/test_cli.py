@@ -137,9 +137,24 @@ def test_main_job_report(ckpt_dir, tmp_path, capsys):
     assert (
         "Length generalization" in printed
         and "Position probes" in printed
+        and "Distance dependence" in printed
         and "Attention divergence" in printed
     )
-    assert f"reports written to {out}" in printed
-    assert (out / "attention_similarity_copy" / "attention_similarity.html").exists()
-    assert (out / "length_generalization" / "accuracy.html").exists()
+    index = out / "index.html"
+    assert f"report written to {index}" in printed
+    page = index.read_text(encoding="utf-8")
+    for title in (
+        "Length generalization (claim 1)",
+        "Theorem 1: absolute position in NoPE",
+        "Theorem 2: relative distance in later layers",
+        "Attention similarity: what NoPE learns (claim 4)",
+        "Attention explorer",
+    ):
+        assert f"<h2>{title}</h2>" in page
+    assert page.count("class='verdict'") == 5
+    # the tables behind the page, as data; one HTML file (the page), not one per analysis
+    assert (out / "attention_similarity_copy" / "attention_similarity_ranking.csv").exists()
+    assert (out / "length_generalization" / "accuracy_by_length.csv").exists()
+    assert (out / "distance_dependence" / "copy-t5" / "distance.csv").exists()
+    assert sorted(p.name for p in out.rglob("*.html")) == ["index.html"]
     assert main(["report", "--checkpoints", str(tmp_path / "empty"), "--out", str(out)]) == 2

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 import torch
-from nopeinterp.progress import progress as progress_bar
 
 from nopeinterp.data import Sequences
+from nopeinterp.progress import progress as progress_bar
 
 
 def block_of(hook_name: str) -> int:

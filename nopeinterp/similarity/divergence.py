@@ -41,9 +41,9 @@ import numpy as np
 import pandas as pd
 import torch
 from scipy.optimize import linear_sum_assignment
-from nopeinterp.progress import progress as progress_bar
 
 from nopeinterp.data import make_sequences
+from nopeinterp.progress import progress as progress_bar
 from nopeinterp.similarity.jsd import LN2
 
 HEAD_REDUCERS = ("min", "hungarian", "same")

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from nopeinterp.progress import progress as progress_bar
 
 from nopeinterp.checkpoint import _atomic_write, save_checkpoint
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import exact_match
 from nopeinterp.models import build_model
+from nopeinterp.progress import progress as progress_bar
 from nopeinterp.tasks import encode_examples, get_task, task_tokenizer
 
 
