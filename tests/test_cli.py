@@ -1,41 +1,9 @@
 """The analysis subcommands, end to end on tiny untrained checkpoints (fast)."""
 
-import pytest
+from conftest import TASK_OPTIONS
 
-from nopeinterp import build_model, load_checkpoint, save_checkpoint
+from nopeinterp import load_checkpoint, save_checkpoint
 from nopeinterp.cli import main
-from nopeinterp.tasks import get_task, task_tokenizer
-
-TASK_OPTIONS = {"id_lengths": [2, 4], "ood_lengths": [5, 6]}
-
-
-@pytest.fixture(scope="module")
-def ckpt_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("ckpts")
-    task = get_task("copy", **TASK_OPTIONS)
-    tok = task_tokenizer(task)
-    for name, pe, seed in [
-        ("nope", "nope", 0),
-        ("nope-seed1", "nope", 1),
-        ("t5", "t5", 0),
-        ("alibi", "alibi", 0),
-        ("ape", "ape", 0),
-    ]:
-        n_ctx = 12 if pe == "ape" else 64  # ID sequences fit in 12 tokens, OOD ones do not
-        model = build_model(
-            pe,
-            n_layers=2,
-            n_heads=2,
-            d_model=32,
-            d_vocab=len(tok),
-            n_ctx=n_ctx,
-            seed=seed,
-            tokenizer=tok,
-        )
-        save_checkpoint(
-            model, directory / f"copy-{name}.pt", task="copy", task_options=TASK_OPTIONS, seed=seed
-        )
-    return directory
 
 
 def test_probe_position_file_and_directory(ckpt_dir, tmp_path, capsys):
