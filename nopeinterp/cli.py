@@ -217,7 +217,14 @@ def cmd_compare_attention(args) -> int:
 def cmd_report(args) -> int:
     from nopeinterp.main_job import run_main_job
 
-    run_main_job(args.checkpoints, args.out, n_eval=args.n, n_per_length=args.n_attention)
+    run_main_job(
+        args.checkpoints,
+        args.out,
+        n_eval=args.n,
+        n_per_length=args.n_attention,
+        n_distance=args.n_distance,
+        distance_pes=args.distance_pes.split(","),
+    )
     return 0
 
 
@@ -340,6 +347,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="reports/main")
     p.add_argument("--n", type=int, default=20, help="examples per length for exact match")
     p.add_argument("--n-attention", type=int, default=10, help="examples per length for JSD")
+    p.add_argument(
+        "--n-distance", type=int, default=64, help="ID and OOD sequences per distance analysis"
+    )
+    p.add_argument(
+        "--distance-pes",
+        default="all",
+        help="PEs given the distance analysis, comma-separated (NoPE always; default all)",
+    )
     p.set_defaults(func=cmd_report)
     return parser
 

@@ -17,8 +17,8 @@ import pytest
 
 from nopeinterp import build_model, save_checkpoint, zoo
 from nopeinterp.errors import NopeinterpError
-from nopeinterp.viz.export import find_chromium
 from nopeinterp.tasks import get_task, task_tokenizer
+from nopeinterp.viz.export import find_chromium
 
 ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
 TASK_OPTIONS = {
