@@ -69,31 +69,33 @@ def write_table(df: pd.DataFrame, out_dir, name: str, *, title=None, notes=None)
     ]
 
 
-_PNG = {"checked": False, "ok": False, "why": ""}
+_PNG_UNAVAILABLE: list[str] = []  # the reason PNG export cannot run here, once known
 
 
-def write_figure(fig, out_dir, name: str) -> list[Path]:
-    """`<name>.html` (offline, plotly.js inlined) and `<name>.png` if kaleido works here."""
+def write_figure(fig, out_dir, name: str, *, scale: float = 2.0) -> list[Path]:
+    """`<name>.html` (offline, plotly.js inlined) and `<name>.png` beside it
+    (nopeinterp.viz.export.save_png: kaleido with the system Chromium). When PNG export
+    cannot run here, one line says why (once per run) and only the HTML is written."""
+    from nopeinterp.viz.export import PngExportUnavailable, save_png
     from nopeinterp.viz.html import save_figure
 
     out_dir = Path(out_dir)
     paths = [save_figure(fig, out_dir / f"{name}.html")]
-    if not _PNG["checked"]:
-        _PNG["checked"] = True
-        try:
-            import kaleido  # noqa: F401
-
-            _PNG["ok"] = True
-        except ImportError:
-            _PNG["why"] = "kaleido is not installed"
-            print(f"note: no PNG figures ({_PNG['why']}); the HTML figures work offline")
-    if _PNG["ok"]:
-        try:
-            fig.write_image(out_dir / f"{name}.png", scale=2)
-            paths.append(out_dir / f"{name}.png")
-        except Exception as err:  # kaleido present but unable to render (e.g. no browser)
-            _PNG["ok"] = False
-            print(f"note: no PNG figures (kaleido failed: {str(err).splitlines()[0]})")
+    if _PNG_UNAVAILABLE:
+        return paths
+    try:
+        paths.append(
+            save_png(
+                fig,
+                out_dir / f"{name}.png",
+                width=fig.layout.width or 900,
+                height=fig.layout.height or 500,
+                scale=scale,
+            )
+        )
+    except PngExportUnavailable as err:
+        _PNG_UNAVAILABLE.append(str(err))
+        print(f"note: no PNG figures ({err}); the HTML figures work offline")
     return paths
 
 

@@ -237,7 +237,14 @@ def cmd_compare_attention(args) -> int:
 def cmd_report(args) -> int:
     from nopeinterp.main_job import run_main_job
 
-    run_main_job(args.checkpoints, args.out, n_eval=args.n, n_per_length=args.n_attention)
+    run_main_job(
+        args.checkpoints,
+        args.out,
+        n_eval=args.n,
+        n_per_length=args.n_attention,
+        n_distance=args.n_distance,
+        distance_pes=args.distance_pes.split(","),
+    )
     return 0
 
 
@@ -268,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--version", action="version", version=f"nopeinterp {nopeinterp.__version__}"
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress output (bars on a terminal, periodic lines in a log)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -373,6 +386,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--n-attention", type=_args.positive_int, default=10, help="examples per length for JSD"
     )
+    p.add_argument(
+        "--n-distance",
+        type=_args.positive_int,
+        default=64,
+        help="ID and OOD sequences per distance analysis",
+    )
+    p.add_argument(
+        "--distance-pes",
+        default="all",
+        help="PEs given the distance analysis, comma-separated (NoPE always; default all)",
+    )
     p.set_defaults(func=cmd_report)
     return parser
 
@@ -380,8 +404,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from contextlib import nullcontext
+
+    from nopeinterp.progress import quiet
+
     try:
-        return args.func(args) or 0
+        with quiet() if args.quiet else nullcontext():
+            return args.func(args) or 0
     except (NopeinterpError, ValueError, OSError) as e:  # OSError: unreadable or unwritable files
         print(f"nopeinterp {args.command}: error: {e}", file=sys.stderr)
         return 2

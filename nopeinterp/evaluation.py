@@ -15,9 +15,9 @@ from typing import ClassVar
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from nopeinterp.data import as_model, max_positions, resolve_task, task_examples, task_lengths
+from nopeinterp.progress import progress as progress_bar
 from nopeinterp.results import Result
 from nopeinterp.tasks import Example, decode_answer, encode_examples
 
@@ -200,7 +200,9 @@ def evaluate(
     limit = max_positions(mi.model)
     pe = mi.meta.get("pe", getattr(mi.model, "pe", None))
     rows, skipped = [], []
-    for length in tqdm(list(lengths), desc=f"eval {mi.name}", disable=not progress, leave=False):
+    for length in progress_bar(
+        list(lengths), desc=f"eval {mi.name}", disable=not progress, leave=False
+    ):
         if not task.has_length(length):
             continue
         split, examples = task_examples(task, length, n, seed=seed)

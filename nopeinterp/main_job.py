@@ -1,23 +1,228 @@
-"""The main job: every analysis, on the shipped checkpoints, in a few minutes.
+"""The main job: every analysis, on the shipped checkpoints, in a few minutes, on one page.
 
     nopeinterp report --checkpoints checkpoints --out reports/main
 
-1. length generalization: exact match per length for every checkpoint, ID / OOD summary;
-2. position probes (Theorem 1) on each task's NoPE checkpoint, with the random-init baseline;
-3. attention similarity: NoPE vs every other PE and NoPE-prime on SCAN (the paper's analysis).
-Everything is computed here from the checkpoints; nothing is trained or downloaded.
+writes `<out>/index.html`: one offline page (plotly.js once) with a section per claim, each
+opening with a verdict line computed from the numbers below it:
+1. length generalization: exact match per length for every checkpoint (one panel per task,
+   training range shaded), ID / OOD summary;
+2. Theorem 1: position probes on each task's NoPE checkpoint, with the random-init baseline;
+3. Theorem 2: distance dependence of the attention logits, and attention mass by relative
+   distance, on each task's checkpoints (`distance_pes`: NoPE only, or every PE);
+4. attention similarity: NoPE vs every other PE and NoPE-prime (the paper's analysis);
+5. an attention explorer: NoPE beside a chosen reference on examples every model can read.
+The tables behind each section are saved as CSV (+ meta JSON) in `<out>/<analysis>/`; the
+page is the report. Everything is computed here from the checkpoints; nothing is trained or
+downloaded.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
+
+PAGE_MAX_BYTES = 8 * 2**20  # the page must stay light enough to open and mail around
+PAPER_SIMILARITY_ORDER = "T5 ~ NoPE' < ALiBi < APE < Rotary"  # paper-notes.md, SCAN
 
 
 def _print(title: str, df: pd.DataFrame) -> None:
     print(f"\n== {title} ==")
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
+# -- verdicts: one line each, computed from the result tables --------------------------------
+def length_verdict(summary: pd.DataFrame) -> str:
+    """Per task: NoPE's OOD exact match and its rank among the seed-0 PEs that could be
+    evaluated (`summary`: EvalResult.summary joined with task, pe and seed)."""
+    parts = []
+    for task, rows in summary[(summary["split"] == "OOD") & (summary["seed"] == 0)].groupby(
+        "task", sort=False
+    ):
+        rows = rows.dropna(subset=["accuracy"]).sort_values("accuracy", ascending=False)
+        if rows.empty:
+            continue
+        best = rows.iloc[0]
+        nope = rows[rows["pe"] == "nope"]
+        if nope.empty:
+            parts.append(f"{task}: best OOD {best['pe']} {_fmt(best['accuracy'])}")
+            continue
+        acc = float(nope["accuracy"].iloc[0])
+        rank = 1 + int((rows["accuracy"] > acc).sum())
+        parts.append(
+            f"{task}: NoPE OOD exact match {_fmt(acc)}, rank {rank} of {len(rows)} PEs "
+            f"(best {best['pe']} {_fmt(best['accuracy'])})"
+        )
+    return "; ".join(parts) or "no OOD lengths evaluated"
+
+
+def probe_verdict(task: str, table: pd.DataFrame) -> str:
+    """Best layer's OOD (else ID) R2 of the position probe: trained NoPE vs random init."""
+    r2 = table[table["metric"] == "r2"]
+    split = "OOD" if (r2["split"] == "OOD").any() else "ID"
+    r2 = r2[r2["split"] == split]
+    trained = r2[r2["model"] == "trained"]
+    if trained.empty:
+        return f"{task}: no probe results"
+    best = trained.loc[trained["value"].idxmax()]
+    rand = r2[(r2["model"] == "random_init") & (r2["layer"] == best["layer"])]["value"]
+    rand_txt = f", random-init {_fmt(float(rand.iloc[0]))}" if len(rand) else ""
+    return f"{task}: position R2 {_fmt(best['value'])} ({split}, layer {best['layer']}{rand_txt})"
+
+
+def distance_summary(results: dict[tuple[str, str], object]) -> pd.DataFrame:
+    """Per (task, pe, split, layer): mean and max over heads of the distance-dependence R2."""
+    frames = []
+    for (task, pe), r in results.items():
+        g = r.table.groupby(["split", "layer"], sort=False)["score"]
+        frames.append(
+            pd.DataFrame({"mean_score": g.mean(), "max_score": g.max()})
+            .reset_index()
+            .assign(task=task, pe=pe)
+        )
+    cols = ["task", "pe", "split", "layer", "mean_score", "max_score"]
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+
+
+def distance_verdict(summary: pd.DataFrame) -> str:
+    """Theorem 2 asks whether layers after the first can make logits depend on distance:
+    NoPE's best head in layers >= 1 against its best head in layer 0."""
+    parts = []
+    nope = summary[summary["pe"] == "nope"]
+    for task, rows in nope.groupby("task", sort=False):
+        split = "OOD" if (rows["split"] == "OOD").any() else rows["split"].iloc[0]
+        rows = rows[rows["split"] == split]
+        later = rows[rows["layer"] >= 1]
+        first = rows[rows["layer"] == 0]
+        if later.empty:
+            continue
+        best = later.loc[later["max_score"].idxmax()]
+        l0 = _fmt(float(first["max_score"].max())) if len(first) else "n/a"
+        parts.append(
+            f"{task} NoPE: best head distance R2 {_fmt(best['max_score'])} in layer "
+            f"{best['layer']} ({split}; layer 0: {l0})"
+        )
+    return "; ".join(parts) or "no NoPE checkpoint to test"
+
+
+def similarity_verdict(task: str, ranking: pd.DataFrame) -> str:
+    split = "OOD" if (ranking["split"] == "OOD").any() else ranking["split"].iloc[0]
+    rows = ranking[ranking["split"] == split].sort_values("rank")
+    order = " < ".join(f"{r} {m:.3f}" for r, m in zip(rows["ref"], rows["mean"], strict=True))
+    return f"{task}, {split}, divergence from NoPE: {order} (paper: {PAPER_SIMILARITY_ORDER})"
+
+
+# -- figures specific to the page --------------------------------------------------------------
+def distance_figure(summary: pd.DataFrame, split: str = "OOD"):
+    """Best head's distance R2 per layer, one panel per task, a line per PE."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    tasks = list(dict.fromkeys(summary["task"]))
+    fig = make_subplots(rows=1, cols=max(len(tasks), 1), subplot_titles=tasks, shared_yaxes=True)
+    colors: dict[str, str] = {}
+    shown: set[str] = set()
+    for col, task in enumerate(tasks, start=1):
+        t = summary[summary["task"] == task]
+        s = split if (t["split"] == split).any() else t["split"].iloc[0]
+        for pe, rows in t[t["split"] == s].groupby("pe", sort=False):
+            color = colors.setdefault(pe, qualitative.Plotly[len(colors) % 10])
+            fig.add_trace(
+                go.Scatter(
+                    x=rows["layer"],
+                    y=rows["max_score"],
+                    mode="lines+markers",
+                    name=pe,
+                    legendgroup=pe,
+                    showlegend=pe not in shown,
+                    line_color=color,
+                ),
+                row=1,
+                col=col,
+            )
+            shown.add(pe)
+        fig.update_xaxes(title_text="layer", dtick=1, row=1, col=col)
+    fig.update_yaxes(title_text=f"max over heads of distance R2 ({split})", range=[0, 1.02])
+    fig.update_layout(title="Distance dependence of the attention logits", height=400)
+    return fig
+
+
+def rel_mass_figure(results: dict[tuple[str, str], object], pe: str = "nope", split="OOD"):
+    """Attention mass by relative distance d / n (mean over heads), a line per layer, one
+    panel per task; dashed: uniform attention over the same rows."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    items = [(task, r) for (task, p), r in results.items() if p == pe]
+    fig = make_subplots(
+        rows=1, cols=max(len(items), 1), subplot_titles=[t for t, _ in items], shared_yaxes=True
+    )
+    for col, (_, r) in enumerate(items, start=1):
+        m = r.rel_mass
+        s = split if (m["split"] == split).any() else m["split"].iloc[0]
+        m = m[m["split"] == s].assign(mid=lambda d: (d["rel_lo"] + d["rel_hi"]) / 2)
+        for layer, rows in m.groupby("layer", sort=True):
+            per_bin = rows.groupby("mid", sort=True)[["mass", "uniform"]].mean().reset_index()
+            fig.add_trace(
+                go.Scatter(
+                    x=per_bin["mid"],
+                    y=per_bin["mass"],
+                    mode="lines+markers",
+                    name=f"layer {layer}",
+                    legendgroup=f"layer {layer}",
+                    showlegend=col == 1,
+                ),
+                row=1,
+                col=col,
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=per_bin["mid"],
+                y=per_bin["uniform"],
+                mode="lines",
+                line_dash="dash",
+                line_color="gray",
+                name="uniform attention",
+                legendgroup="uniform",
+                showlegend=col == 1,
+            ),
+            row=1,
+            col=col,
+        )
+        fig.update_xaxes(title_text="relative distance d / n (0 = the query, 1 = first token)")
+    fig.update_yaxes(title_text="attention mass (mean over heads)", row=1, col=1)
+    fig.update_layout(title=f"{pe}: attention mass by relative distance ({split})", height=400)
+    return fig
+
+
+# -- the explorer's examples -----------------------------------------------------------------
+def explorer_examples(checkpoint, limit: int | None, *, per_split: int = 3, seed: int = 0):
+    """([1-D token tensors], [names]): up to `per_split` ID and OOD sequences of at most
+    `limit` tokens (what every model in the explorer can read), spread over the lengths
+    available, longest first."""
+    from nopeinterp.data import make_sequences
+
+    sets = make_sequences(None, checkpoint, purpose="analysis", n_per_length=1, seed=seed)
+    examples, names = [], []
+    for split, seqs in sets.items():
+        seqs = seqs.readable_by(limit)
+        n_tok = seqs.attention_mask.sum(1)
+        order = sorted(range(len(seqs)), key=lambda i: -int(n_tok[i]))
+        if not order:
+            continue
+        k = min(per_split, len(order))
+        picks = [order[round(j * (len(order) - 1) / max(k - 1, 1))] for j in range(k)]
+        for i in dict.fromkeys(picks):
+            n = int(n_tok[i])
+            examples.append(seqs.tokens[i, :n])
+            names.append(f"{split} length {int(seqs.lengths[i])} ({n} tokens)")
+    return examples, names
 
 
 def run_main_job(
@@ -26,31 +231,62 @@ def run_main_job(
     *,
     n_eval=20,
     n_probe=256,
+    n_distance=64,
+    distance_pes=("all",),
     n_per_length=10,
+    explorer_per_split=3,
     progress=True,
 ) -> Path:
+    """Run every analysis and write `<out>/index.html` (returned); see the module docstring.
+
+    `distance_pes`: PEs whose checkpoints get the distance analysis ("all" = every seed-0
+    checkpoint; NoPE is always included)."""
     from nopeinterp import zoo
+    from nopeinterp.data import max_positions
     from nopeinterp.evaluation import EvalResult, evaluate
-    from nopeinterp.probing import probe_position
+    from nopeinterp.probing import distance_dependence, probe_position
     from nopeinterp.similarity import compare_attention
+    from nopeinterp.viz.explorer import explorer_data
+    from nopeinterp.viz.page import Page
 
     out = Path(out)
     entries = zoo.find_checkpoints(checkpoints)
     ckpts = {e.name: e.load() for e in entries}
+    tasks = zoo.tasks_of(entries)
+    page = Page(
+        "nopeinterp: positional encodings and length generalization",
+        intro=(
+            f"{len(entries)} checkpoints from {checkpoints} (tasks: {', '.join(tasks)}). "
+            "Claims of Kazemnejad et al. 2023; each section opens with a verdict computed from "
+            "its numbers."
+        ),
+    )
 
     # 1. length generalization
     results = [evaluate(ckpts[e.name], n=n_eval, progress=progress) for e in entries]
     evaluation = EvalResult.concat(results)
-    wide = (
-        evaluation.summary.merge(evaluation.table[["model", "task"]].drop_duplicates(), on="model")
-        .pivot_table(index=["task", "model"], columns="split", values="accuracy")
-        .reset_index()
-    )
+    names = pd.DataFrame([{"model": e.name, "task": e.task, "seed": e.seed} for e in entries])
+    summary = evaluation.summary.merge(names, on="model")
+    wide = summary.pivot_table(
+        index=["task", "model"], columns="split", values="accuracy", sort=False
+    ).reset_index()
     _print(f"Length generalization: exact match ({n_eval} examples per length)", wide)
-    evaluation.save(out / "length_generalization")
+    evaluation.save(out / "length_generalization", html=False)
+    (
+        page.section("Length generalization (claim 1)", verdict=length_verdict(summary))
+        .add(evaluation.figure())
+        .add(wide, caption="Exact match, mean over ID / OOD lengths")
+        .add(evaluation.table, caption="Exact match per length")
+        .text(
+            f"{n_eval} examples per length, greedy decoding. A learned APE cannot read "
+            "sequences past its table: those lengths are marked and left out of its mean."
+        )
+    )
 
     # 2. Theorem 1: position probes on NoPE
-    for task in zoo.tasks_of(entries):
+    sec = None
+    verdicts, probe_results = [], []
+    for task in tasks:
         nope = zoo.get(entries, task, "nope")
         if nope is None:
             continue
@@ -62,9 +298,42 @@ def run_main_job(
             "untrained)",
             result.pivot().reset_index(),
         )
-        result.save(out / f"probe_position_{task}")
+        result.save(out / f"probe_position_{task}", html=False)
+        verdicts.append(probe_verdict(task, result.table))
+        probe_results.append((task, result))
+    if probe_results:
+        sec = page.section("Theorem 1: absolute position in NoPE", verdict="; ".join(verdicts))
+        for task, result in probe_results:
+            sec.add(result.figure(), caption=f"{task}: linear position probes per layer")
+            sec.add(result.pivot().reset_index(), caption=f"{task}: probe metrics per layer")
 
-    # 3. attention similarity on SCAN (or the only task there is)
+    # 3. Theorem 2: distance dependence and attention mass by relative distance
+    wanted = set(distance_pes)
+    distance = {}
+    for e in entries:
+        if e.seed != 0 or not (e.pe == "nope" or "all" in wanted or e.pe in wanted):
+            continue
+        result = distance_dependence(ckpts[e.name], n_eval=n_distance, progress=progress)
+        result.save(out / "distance_dependence" / e.name, html=False)
+        distance[(e.task, e.pe)] = result
+    if distance:
+        dsum = distance_summary(distance)
+        _print("Distance dependence (max over heads of R2 of logits on n - m)", dsum)
+        (
+            page.section(
+                "Theorem 2: relative distance in later layers", verdict=distance_verdict(dsum)
+            )
+            .add(distance_figure(dsum))
+            .add(rel_mass_figure(distance))
+            .add(dsum, caption="Distance R2 per task, PE, split and layer (mean / max over heads)")
+            .text(
+                "Score: R2 of logit[n, m] ~ a_row + f(n - m) over the causal cells, relative to "
+                "the row-centred logits; 1 = the head's logits depend on relative distance only. "
+                f"{n_distance} ID and {n_distance} OOD sequences per checkpoint."
+            )
+        )
+
+    # 4. attention similarity (SCAN, or the only task there is)
     task = zoo.analysis_task(entries)
     if zoo.get(entries, task, "nope") is not None:
         nope, prime = zoo.nope_pair(entries, task)
@@ -80,9 +349,55 @@ def run_main_job(
             f"Attention divergence from NoPE, {task} (true JSD, min over head pairs; closest first)",
             result.ranking,
         )
-        result.save(out / f"attention_similarity_{task}")
+        result.save(out / f"attention_similarity_{task}", html=False)
+        (
+            page.section(
+                "Attention similarity: what NoPE learns (claim 4)",
+                verdict=similarity_verdict(task, result.ranking),
+            )
+            .add(result.figure())
+            .add(result.ranking, caption="Ranking, closest to NoPE first (95% bootstrap CI)")
+            .add(result.table, caption="Divergence per reference, layer and split")
+            .text(
+                f"Jensen-Shannon divergence (nats) per query row, min over head pairs, mean over "
+                f"{n_per_length} examples per length; nope_prime (a second NoPE seed) is the "
+                "noise floor."
+            )
+        )
 
-    print(f"\nreports written to {out}/ :")
-    for html in sorted(out.rglob("*.html")):
-        print(f"  {html}")
-    return out
+        # 5. the attention explorer: NoPE beside each reference on examples all can read
+        models = {"nope": ckpts[nope.name].model}
+        if prime:
+            models[prime.pe + "-seed" + str(prime.seed)] = ckpts[prime.name].model
+        models.update({pe: ckpts[path.stem].model for pe, path in refs.items()})
+        limits = [m for m in map(max_positions, models.values()) if m is not None]
+        examples, example_names = explorer_examples(
+            ckpts[nope.name], min(limits) if limits else None, per_split=explorer_per_split
+        )
+        if examples:
+            data = explorer_data(
+                models,
+                examples,
+                labels=ckpts[nope.name].tokenizer,
+                example_names=example_names,
+                left="nope",
+                reference=next(iter(refs), None),
+            )
+            longest = max(len(e) for e in examples)
+            page.section(
+                "Attention explorer",
+                verdict=(
+                    f"{task}: {len(models)} models, {len(data.layers)} layers x {data.n_heads} "
+                    f"heads, {len(examples)} examples of up to {longest} tokens"
+                    + (f" (every model reads at most {min(limits)} positions)" if limits else "")
+                ),
+            ).add(data)
+
+    # Issue 17 (head taxonomy: nopeinterp.probing.heads; position erasure:
+    # nopeinterp.probing.erasure) adds its sections here, once those modules run on the data
+    # layer above: page.section("Heads: sinks, dilution, taxonomy", ...), page.section(
+    # "Erasing position", ...).
+
+    index = page.write(out / "index.html", max_bytes=PAGE_MAX_BYTES)
+    print(f"\nreport written to {index} ({index.stat().st_size / 2**20:.1f} MiB)")
+    return index

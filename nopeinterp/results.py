@@ -54,8 +54,11 @@ class Result:
         """(heading, Figure | DataFrame | html str) sections of the saved HTML report."""
         return [(self.meta.get("title") or self.title, self.figure()), ("Table", self.table)]
 
-    def save(self, out_dir: str | os.PathLike, name: str | None = None) -> dict[str, Path]:
-        """Write the tables (CSV), meta (JSON) and an offline HTML report into `out_dir`."""
+    def save(
+        self, out_dir: str | os.PathLike, name: str | None = None, *, html: bool = True
+    ) -> dict[str, Path]:
+        """Write the tables (CSV), meta (JSON) and, unless `html=False`, an offline HTML
+        report into `out_dir`."""
         from nopeinterp.viz.html import atomic_write_text, write_report
 
         stem = name or self.name
@@ -67,6 +70,8 @@ class Result:
         paths["meta"] = atomic_write_text(
             out / f"{stem}_meta.json", json.dumps(self.meta, indent=2, default=str)
         )
+        if not html:
+            return paths
         title = self.meta.get("title") or self.title
         paths["html"] = write_report(out / f"{stem}.html", title, self.html_sections())
         return paths

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from nopeinterp import build_model
+from nopeinterp import build_model, save_checkpoint
+from nopeinterp.tasks import get_task, task_tokenizer
 
 TINY = dict(n_layers=2, n_heads=4, d_model=32, d_vocab=24, n_ctx=16)
 
@@ -21,3 +22,38 @@ def tiny():
         return build_model(pe, **{**TINY, **overrides})
 
     return make
+
+
+# A checkpoint zoo of tiny untrained models on short copy sequences, named as
+# nopeinterp.zoo expects: NoPE, NoPE-prime, T5, ALiBi and a learned APE whose table (12 rows)
+# holds the ID sequences but not the OOD ones.
+TASK_OPTIONS = {"id_lengths": [2, 4], "ood_lengths": [5, 6]}
+
+
+@pytest.fixture(scope="session")
+def ckpt_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("ckpts")
+    task = get_task("copy", **TASK_OPTIONS)
+    tok = task_tokenizer(task)
+    for name, pe, seed in [
+        ("nope", "nope", 0),
+        ("nope-seed1", "nope", 1),
+        ("t5", "t5", 0),
+        ("alibi", "alibi", 0),
+        ("ape", "ape", 0),
+    ]:
+        n_ctx = 12 if pe == "ape" else 64  # ID sequences fit in 12 tokens, OOD ones do not
+        model = build_model(
+            pe,
+            n_layers=2,
+            n_heads=2,
+            d_model=32,
+            d_vocab=len(tok),
+            n_ctx=n_ctx,
+            seed=seed,
+            tokenizer=tok,
+        )
+        save_checkpoint(
+            model, directory / f"copy-{name}.pt", task="copy", task_options=TASK_OPTIONS, seed=seed
+        )
+    return directory

@@ -18,6 +18,7 @@ import pytest
 from nopeinterp import build_model, save_checkpoint, zoo
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.tasks import get_task, task_tokenizer
+from nopeinterp.viz.export import find_chromium
 
 ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
 TASK_OPTIONS = {
@@ -186,6 +187,16 @@ def test_length_generalization(ckpt_dir, tmp_path, capsys):
 def test_position_probes(ckpt_dir, tmp_path):
     names = run("position_probes", ckpt_dir, tmp_path, "--tasks", "copy")
     assert "position_probes.html" in names
+    if find_chromium() is not None:  # the PNG beside the HTML, at the figure's own size x 2
+        import plotly.graph_objects as go
+        from test_export import _png_size
+
+        data = (tmp_path / "position_probes.png").read_bytes()
+        layout = go.Figure(
+            load_script("position_probes").figure(read(tmp_path, "position_probes"))
+        ).layout
+        assert _png_size(data) == (2 * (layout.width or 900), 2 * (layout.height or 500))
+        assert 20_000 < len(data) < 5_000_000  # a drawn multi-panel figure, not a blank image
     table = read(tmp_path, "position_probes")
     assert list(table.columns) == ["checkpoint", "task", "pe", "seed", "model", "layer",
                                    "layer_pe", "hook", "hook_name", "split", "metric", "value",
@@ -274,3 +285,19 @@ def test_attention_similarity_across_seeds(ckpt_dir, tmp_path):
     # seed 2's NoPE has seed 0's weights and is compared with NoPE seed 0 as its NoPE-prime
     s2 = per_seed[(per_seed.seed == 2) & (per_seed.ref == "nope_prime")]
     assert s2["mean"].abs().max() < 1e-9
+
+
+def test_write_figure_without_a_browser_says_why_once_and_keeps_the_html(
+    tmp_path, monkeypatch, capsys
+):
+    import plotly.graph_objects as go
+
+    common = load_script("_common")
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-chromium"))
+    fig = go.Figure(go.Bar(y=[1, 2]))
+    first = common.write_figure(fig, tmp_path, "a")
+    second = common.write_figure(fig, tmp_path, "b")
+    assert [p.name for p in first + second] == ["a.html", "b.html"]
+    printed = capsys.readouterr().out
+    assert printed.count("note: no PNG figures") == 1 and "needs Chromium" in printed
+    assert not list(tmp_path.glob("*.png"))

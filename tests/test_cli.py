@@ -1,41 +1,9 @@
 """The analysis subcommands, end to end on tiny untrained checkpoints (fast)."""
 
-import pytest
+from conftest import TASK_OPTIONS
 
-from nopeinterp import build_model, load_checkpoint, save_checkpoint
+from nopeinterp import load_checkpoint, save_checkpoint
 from nopeinterp.cli import main
-from nopeinterp.tasks import get_task, task_tokenizer
-
-TASK_OPTIONS = {"id_lengths": [2, 4], "ood_lengths": [5, 6]}
-
-
-@pytest.fixture(scope="module")
-def ckpt_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("ckpts")
-    task = get_task("copy", **TASK_OPTIONS)
-    tok = task_tokenizer(task)
-    for name, pe, seed in [
-        ("nope", "nope", 0),
-        ("nope-seed1", "nope", 1),
-        ("t5", "t5", 0),
-        ("alibi", "alibi", 0),
-        ("ape", "ape", 0),
-    ]:
-        n_ctx = 12 if pe == "ape" else 64  # ID sequences fit in 12 tokens, OOD ones do not
-        model = build_model(
-            pe,
-            n_layers=2,
-            n_heads=2,
-            d_model=32,
-            d_vocab=len(tok),
-            n_ctx=n_ctx,
-            seed=seed,
-            tokenizer=tok,
-        )
-        save_checkpoint(
-            model, directory / f"copy-{name}.pt", task="copy", task_options=TASK_OPTIONS, seed=seed
-        )
-    return directory
 
 
 def test_probe_position_file_and_directory(ckpt_dir, tmp_path, capsys):
@@ -137,9 +105,24 @@ def test_main_job_report(ckpt_dir, tmp_path, capsys):
     assert (
         "Length generalization" in printed
         and "Position probes" in printed
+        and "Distance dependence" in printed
         and "Attention divergence" in printed
     )
-    assert f"reports written to {out}" in printed
-    assert (out / "attention_similarity_copy" / "attention_similarity.html").exists()
-    assert (out / "length_generalization" / "accuracy.html").exists()
+    index = out / "index.html"
+    assert f"report written to {index}" in printed
+    page = index.read_text(encoding="utf-8")
+    for title in (
+        "Length generalization (claim 1)",
+        "Theorem 1: absolute position in NoPE",
+        "Theorem 2: relative distance in later layers",
+        "Attention similarity: what NoPE learns (claim 4)",
+        "Attention explorer",
+    ):
+        assert f"<h2>{title}</h2>" in page
+    assert page.count("class='verdict'") == 5
+    # the tables behind the page, as data; one HTML file (the page), not one per analysis
+    assert (out / "attention_similarity_copy" / "attention_similarity_ranking.csv").exists()
+    assert (out / "length_generalization" / "accuracy_by_length.csv").exists()
+    assert (out / "distance_dependence" / "copy-t5" / "distance.csv").exists()
+    assert sorted(p.name for p in out.rglob("*.html")) == ["index.html"]
     assert main(["report", "--checkpoints", str(tmp_path / "empty"), "--out", str(out)]) == 2

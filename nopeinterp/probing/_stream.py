@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 import torch
-from tqdm.auto import tqdm
 
 from nopeinterp.data import Sequences
+from nopeinterp.progress import progress as progress_bar
 
 
 def block_of(hook_name: str) -> int:
@@ -48,7 +48,7 @@ def stream(
     total = sum(len(chunks) for _, _, chunks in plan)
     with (
         torch.inference_mode(),
-        tqdm(total=total, desc=desc, disable=not progress, leave=False) as bar,
+        progress_bar(total=total, desc=desc, disable=not progress, leave=False) as bar,
     ):
         device = model.cfg.device
         for idx, t, chunks in plan:

@@ -146,11 +146,11 @@ class ComparisonResult(Result):
             )
         return sections
 
-    def save(self, out_dir, name: str | None = None, *, title: str | None = None):
+    def save(self, out_dir, name: str | None = None, *, title: str | None = None, html=True):
         """Write the tables (per_example, ranking, table), meta and report.html into out_dir."""
         if title is not None:
             self.meta["title"] = title
-        return super().save(out_dir, name)
+        return super().save(out_dir, name, html=html)
 
 
 def distance_profile(models: Mapping, tokens: torch.Tensor) -> pd.DataFrame:

@@ -41,9 +41,9 @@ import numpy as np
 import pandas as pd
 import torch
 from scipy.optimize import linear_sum_assignment
-from tqdm.auto import tqdm
 
 from nopeinterp.data import make_sequences
+from nopeinterp.progress import progress as progress_bar
 from nopeinterp.similarity.jsd import LN2
 
 HEAD_REDUCERS = ("min", "hungarian", "same")
@@ -280,7 +280,7 @@ def divergence_frames(
     sets = make_sequences(data, purpose="analysis", id_lengths=id_lengths)
     meta = {"example": [], "length": [], "n_tokens": [], "split": []}
     results = {name: {"value": [], "heads": []} for name in models_b}  # [example][layer]
-    bar = tqdm(
+    bar = progress_bar(
         total=sum(len(s) for s in sets.values()),
         unit="ex",
         desc="attention divergence",
@@ -379,7 +379,7 @@ def attention_divergence(
     unless include_first_row=False. include_first_row: default False (True if paper_compat).
     layers: subset of layers (needed when the models' layer counts differ).
     id_lengths: (lo, hi) to split token data into "ID"/"OOD" (else one split, "all").
-    progress: tqdm bar over examples.
+    progress: report progress over examples (nopeinterp.progress).
 
     Returns a tidy DataFrame, one row per (example, layer): example (index in data order),
     length (the task's length, else the token count), n_tokens, split ("ID"/"OOD"/"all"),

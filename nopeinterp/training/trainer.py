@@ -30,13 +30,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from nopeinterp._io import atomic_write, versions
 from nopeinterp.checkpoint import save_checkpoint
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import exact_match
 from nopeinterp.models import PE_TYPES, build_model
+from nopeinterp.progress import progress as progress_bar
 from nopeinterp.tasks import TASKS, encode_examples, get_task, task_tokenizer
 from nopeinterp.training.presets import preset_values
 from nopeinterp.training.runtime import (
@@ -383,7 +383,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
         train_model = DistributedDataParallel(
             model, device_ids=[rt.device] if rt.device.type == "cuda" else None
         )
-    bar = tqdm(
+    bar = progress_bar(
         total=cfg.steps,
         initial=start,
         desc=f"{cfg.task}/{cfg.pe}",

@@ -1,39 +1,84 @@
-"""Accuracy-vs-length figure, with the training range shaded."""
+"""Accuracy-vs-length figure: one panel per task, each on its own length axis, with the
+training (ID) range of that task shaded."""
 
 import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+
+def _label(model: str, task: str) -> str:
+    """'copy-nope-seed1' on task 'copy' -> 'nope-seed1' (the legend is shared by the panels)."""
+    prefix = f"{task}-"
+    return model[len(prefix) :] if model.startswith(prefix) else model
 
 
 def accuracy_figure(table, title="Exact match vs length") -> go.Figure:
-    fig = go.Figure()
-    for model, rows in table.groupby("model", sort=False):
-        rows = rows.sort_values("length")
-        fig.add_trace(
-            go.Scatter(x=rows["length"], y=rows["accuracy"], mode="lines+markers", name=str(model))
-        )
-    id_lengths = table.loc[table["split"] == "ID", "length"]
-    if len(id_lengths):
-        fig.add_vrect(
-            x0=id_lengths.min() - 0.5,
-            x1=id_lengths.max() + 0.5,
-            fillcolor="lightgray",
-            opacity=0.35,
-            line_width=0,
-            annotation_text="training lengths",
-            annotation_position="top left",
-        )
-    not_evaluable = table[~table["evaluable"]]
-    if len(not_evaluable):
-        fig.add_trace(
-            go.Scatter(
-                x=not_evaluable["length"],
-                y=[0] * len(not_evaluable),
-                mode="markers",
-                marker_symbol="x",
-                marker_color="red",
-                name="not evaluable (past APE table)",
-            )
-        )
-    fig.update_layout(
-        title=title, xaxis_title="length", yaxis_title="exact match", yaxis_range=[-0.05, 1.05]
+    """`table`: EvalResult.table (model, task, length, split, accuracy, evaluable). Several
+    tasks get one panel each (lengths mean different things per task); a model's colour and
+    legend entry are shared across panels."""
+    tasks = list(dict.fromkeys(table["task"])) if "task" in table else [None]
+    fig = make_subplots(
+        rows=1,
+        cols=len(tasks),
+        subplot_titles=[str(t) for t in tasks] if len(tasks) > 1 else None,
+        shared_yaxes=True,
+        horizontal_spacing=0.06,
     )
+    palette = qualitative.Plotly
+    colors: dict[str, str] = {}
+    shown: set[str] = set()
+    for col, task in enumerate(tasks, start=1):
+        rows_t = table if task is None else table[table["task"] == task]
+        for model, rows in rows_t.groupby("model", sort=False):
+            label = _label(str(model), str(task)) if task is not None else str(model)
+            color = colors.setdefault(label, palette[len(colors) % len(palette)])
+            rows = rows.sort_values("length")
+            fig.add_trace(
+                go.Scatter(
+                    x=rows["length"],
+                    y=rows["accuracy"],
+                    mode="lines+markers",
+                    name=label,
+                    legendgroup=label,
+                    showlegend=label not in shown,
+                    line_color=color,
+                ),
+                row=1,
+                col=col,
+            )
+            shown.add(label)
+        id_lengths = rows_t.loc[rows_t["split"] == "ID", "length"]
+        if len(id_lengths):
+            fig.add_vrect(
+                x0=id_lengths.min() - 0.5,
+                x1=id_lengths.max() + 0.5,
+                fillcolor="lightgray",
+                opacity=0.35,
+                line_width=0,
+                annotation_text="training lengths",
+                annotation_position="top left",
+                row=1,
+                col=col,
+            )
+        not_evaluable = rows_t[~rows_t["evaluable"].astype(bool)]
+        if len(not_evaluable):
+            name = "not evaluable (past APE table)"
+            fig.add_trace(
+                go.Scatter(
+                    x=not_evaluable["length"],
+                    y=[0] * len(not_evaluable),
+                    mode="markers",
+                    marker_symbol="x",
+                    marker_color="red",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=name not in shown,
+                ),
+                row=1,
+                col=col,
+            )
+            shown.add(name)
+        fig.update_xaxes(title_text="length", row=1, col=col)
+    fig.update_yaxes(title_text="exact match", range=[-0.05, 1.05], row=1, col=1)
+    fig.update_layout(title=title, height=420)
     return fig
