@@ -78,7 +78,7 @@ def cases(c):
         ),
         "eval --lengths 1024 (scan)": (
             ["eval", scan, "--n", "1", "--lengths", "1024"],
-            "scan: invalid lengths [1024]: scan has lengths 1-48",
+            "scan: invalid lengths [1024]; this task's lengths are 1-48",
         ),
         "eval --lengths 1-100000": (
             ["eval", nope, "--lengths", "1-100000"],
