@@ -77,7 +77,7 @@ def test_theorem_heads_from_weights_are_labelled():
     }
 
 
-def test_sinks_and_entropy_closed_forms():
+def test_sinks_and_entropy_closed_forms(tmp_path):
     model = _hand_model()
     tokens, mask = _tokens(n=12, lo=3, hi=20)
     with model.hooks(fwd_hooks=[("blocks.0.attn.hook_attn_scores", _set_scores)]):
@@ -101,6 +101,11 @@ def test_sinks_and_entropy_closed_forms():
     )
     assert (sink.entropy_ratio[n > 1] < 0.01).all()
     assert (uni.uniform_entropy == n.map(math.log)).all()
+    slope = res.dilution.set_index("head").entropy_slope
+    assert slope[1] == pytest.approx(1.0, abs=1e-6)  # uniform: entropy = log(n) exactly
+    assert abs(slope[0]) < 0.01 and abs(slope[2]) < 0.01  # one-key heads stay sharp
+    paths = res.save(tmp_path)
+    assert paths["attention_sinks_dilution"].read_text().startswith("split,layer,head,entropy")
     assert len(res.figure().data) > 0
 
 

@@ -83,8 +83,12 @@ def position_concept(positions: torch.Tensor, concept: str = "index", n_classes:
 
 
 def eraser_rank(eraser: LeaceEraser) -> int:
-    """Number of directions the eraser removes (nonzero columns of proj_left)."""
-    return int((eraser.proj_left.abs().sum(0) > 0).sum())
+    """Number of directions the eraser moves: the rank of ``I - P = proj_left @ proj_right``.
+
+    (The package zeroes the columns it truncates; with its trace constraint active, P is a
+    mixture of two projections and is stored densely, so the rank is computed, not counted.)
+    """
+    return int(torch.linalg.matrix_rank(eraser.proj_left @ eraser.proj_right))
 
 
 def random_subspace_eraser(d: int, rank: int, mean: torch.Tensor, seed: int = 0) -> LeaceEraser:

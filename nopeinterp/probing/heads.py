@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -79,6 +79,7 @@ SINK_COLUMNS = [
     "entropy_ratio",
     "n_rows",
 ]
+DILUTION_COLUMNS = ["split", "layer", "head", "entropy_slope", "first_mass", "n_rows"]
 TAXONOMY_COLUMNS = ["split", "layer", "head", *KINDS, "label", "n_rows"]
 
 
@@ -238,10 +239,18 @@ def _meta(sets, layers, title) -> dict:
 # ------------------------------------------------------------------------------ sinks
 @dataclass(repr=False)
 class SinkResult(Result):
-    """Per (split, layer, head, n_keys): first-token mass and attention entropy vs log(n)."""
+    """Per (split, layer, head, n_keys): first-token mass and attention entropy vs log(n).
+
+    `dilution`: per (split, layer, head), the least-squares slope of the mean entropy against
+    log(n) over the row lengths n >= 2 (weighted by rows): 1 = entropy grows like uniform
+    attention's, 0 = the head stays as sharp at every length; and the mean first-token mass.
+    """
+
+    dilution: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DILUTION_COLUMNS))
 
     name = "attention_sinks"
     title = "Attention sinks and entropy by row length"
+    extra_tables = ("dilution",)
 
     def figure(self, split: str | None = None):
         """First-token mass (left) and entropy with uniform's log(n) (right) against the
@@ -356,7 +365,35 @@ def attention_sinks(
                     )
     meta = _meta(sets, list(next(iter(stats.values()))), title)
     meta["length"] = "n_keys: keys visible to the query (query position + 1), rows pooled"
-    return SinkResult(pd.DataFrame(rows, columns=SINK_COLUMNS), meta)
+    table = pd.DataFrame(rows, columns=SINK_COLUMNS)
+    return SinkResult(table, meta, dilution=_dilution(table))
+
+
+def _dilution(table: pd.DataFrame) -> pd.DataFrame:
+    """Weighted least-squares slope of entropy on log(n) (n >= 2) per (split, layer, head)."""
+    rows = []
+    for (split, layer, head), d in table.groupby(["split", "layer", "head"], sort=False):
+        w = d.n_rows.to_numpy(float)
+        x, y = d.uniform_entropy.to_numpy(float), d.entropy.to_numpy(float)
+        first = float((d.first_mass * w).sum() / w.sum())
+        keep = d.n_keys.to_numpy() >= 2
+        w, x, y = w[keep], x[keep], y[keep]
+        slope = float("nan")
+        if len(x) >= 2:
+            xm, ym = (w * x).sum() / w.sum(), (w * y).sum() / w.sum()
+            sxx = (w * (x - xm) ** 2).sum()
+            slope = float((w * (x - xm) * (y - ym)).sum() / sxx) if sxx > 0 else float("nan")
+        rows.append(
+            {
+                "split": split,
+                "layer": layer,
+                "head": head,
+                "entropy_slope": slope,
+                "first_mass": first,
+                "n_rows": int(d.n_rows.sum()),
+            }
+        )
+    return pd.DataFrame(rows, columns=DILUTION_COLUMNS)
 
 
 # --------------------------------------------------------------------------- taxonomy
@@ -402,7 +439,7 @@ class HeadTaxonomy(Result):
         ).pivot(index="layer", columns="head", values="text")
         fig = go.Figure(
             go.Heatmap(
-                z=z.replace(code).astype(float).values,
+                z=z.apply(lambda col: col.map(code)).astype(float).values,
                 x=[f"head {h}" for h in z.columns],
                 y=[f"layer {lay}" for lay in z.index],
                 text=z.values,
