@@ -159,3 +159,17 @@ def test_erase_position_bad_input():
         erase_position(model, tokens, attention_mask=mask, concept="sine", progress=False)
     with pytest.raises(ValueError, match="erase_fraction"):
         erase_position(model, tokens, attention_mask=mask, erase_fraction=1.0, progress=False)
+
+
+def test_onehot_concept_erases_every_position_indicator():
+    model = build_model("nope", **TINY, seed=6)
+    tokens, mask = _mixed(30, 3, 8, seed=3)
+    eraser = fit_position_erasers(model, tokens, mask, layers=[1], concept="onehot")[1]
+    real = mask.bool()
+    pos = torch.arange(tokens.shape[1]).expand_as(real)[real]
+    z = position_concept(pos, "onehot", 8)
+    x = _resid(model, tokens, mask, "blocks.0.hook_resid_post")[real].double()
+    xe = eraser(x)
+    cov = (xe - xe.mean(0)).T @ (z - z.mean(0)) / len(z)
+    assert cov.abs().max() < 1e-8 * x.abs().max()
+    assert 1 < eraser_rank(eraser) <= 7  # at most one fewer than the 8 positions

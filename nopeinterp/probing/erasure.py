@@ -6,7 +6,11 @@ stream with least-squares concept erasure (LEACE, Belrose et al. 2023), using th
 shrinkage, trace constraint, svd_tol 0.01) as the implementation. The eraser is an affine map
 ``x -> x - (x - bias) @ proj_right.T @ proj_left.T`` applied to every token through a
 forward hook on that layer's hook point, so everything downstream (later layers, the logits,
-greedy decoding with its KV cache) sees the erased stream.
+greedy decoding with its KV cache) sees the erased stream. The map is applied in float64 and
+the result cast back to the model's dtype: applied in float32, its rounding error in the
+directions the stream does not use is itself decodable (measured on the Theorem 1 model,
+whose stream is exactly rank-deficient: in-sample probe R^2 after erasure 0.059 in float32,
+0.006 in float64).
 
 Concept. ``concept="index"`` (default) erases the token's absolute index t (0 = <bos>): a
 rank-1 erasure after which no linear function of the activations correlates with t (on the
