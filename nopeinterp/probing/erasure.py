@@ -45,14 +45,8 @@ import pandas as pd
 import torch
 from concept_erasure import LeaceEraser, LeaceFitter
 
-from nopeinterp.probing._data import (
-    SequenceSet,
-    _is_task_like,
-    _split,
-    resolve_sets,
-    resolve_task,
-    stream,
-)
+from nopeinterp.data import Sequences, _random_split, as_model, describe, make_sequences
+from nopeinterp.probing._stream import stream
 from nopeinterp.probing.position import _positions, probe_layers, probe_position
 from nopeinterp.probing.ridge import DEFAULT_ALPHAS
 from nopeinterp.results import Result
@@ -122,7 +116,7 @@ def fit_position_erasers(
 ) -> dict[int, LeaceEraser]:
     """A LEACE position eraser per layer, fitted on the (unerased) activations of `tokens`.
 
-    `tokens` [B, T] (right-padded, `attention_mask` [B, T]) or a SequenceSet / Batch. Every
+    `tokens` [B, T] (right-padded, `attention_mask` [B, T]), a `Sequences` or a Batch. Every
     real token's concept is its index (see `position_concept`); `n_classes` for "onehot"
     defaults to the longest row. Statistics are streamed (float64), one batch at a time.
     """
@@ -152,11 +146,10 @@ def fit_position_erasers(
     return {layer: f.eraser for layer, f in fitters.items()}
 
 
-def _as_sequence_set(tokens, attention_mask=None) -> SequenceSet:
-    if isinstance(tokens, SequenceSet):
+def _as_sequence_set(tokens, attention_mask=None) -> Sequences:
+    if isinstance(tokens, Sequences):
         return tokens
-    sets = resolve_sets(tokens, purpose="analysis", attention_mask=attention_mask)
-    return next(iter(sets.values()))
+    return next(iter(make_sequences(tokens, attention_mask=attention_mask).values()))
 
 
 @contextlib.contextmanager
@@ -188,11 +181,14 @@ class ErasureResult(Result):
     name = "erase_position"
     title = "Position erasure (LEACE) and a random-subspace control"
 
-    def pivot(self, metric: str = "r2") -> pd.DataFrame:
-        """Layers as rows, "<condition> <split>" columns, for one metric."""
-        t = self.table[self.table.metric == metric]
-        t = t.assign(column=t.condition + " " + t.split)
-        return t.pivot_table(index="layer", columns="column", values="value", aggfunc="first")
+    def pivot(self, metrics: str | Sequence[str] = ("r2", "exact_match")) -> pd.DataFrame:
+        """Layers as rows, "<metric> <condition> <split>" columns (the metrics present)."""
+        metrics = [metrics] if isinstance(metrics, str) else list(metrics)
+        t = self.table[self.table.metric.isin(metrics)]
+        t = t.assign(column=t.metric + " " + t.condition + " " + t.split)
+        p = t.pivot_table(index="layer", columns="column", values="value", aggfunc="first")
+        order = [f"{m} {c} {s}" for m in metrics for c in CONDITIONS for s in ("ID", "OOD")]
+        return p[[c for c in order if c in p.columns]]
 
     def figure(self):
         """One panel per metric present, value per layer: none / leace / random, ID and OOD."""
@@ -236,34 +232,17 @@ class ErasureResult(Result):
         ]
 
 
-def _task_examples(task, tokenizer, sets, *, id_lengths, ood_lengths, n_eval, seed, model):
-    """The ID / OOD examples behind `resolve_sets`' task sets (same generator calls)."""
-    from nopeinterp.evaluation import max_positions
-    from nopeinterp.tasks import encode_examples
-
-    id_r = tuple(id_lengths) if id_lengths is not None else tuple(task.id_lengths)
-    ood_r = tuple(ood_lengths) if ood_lengths is not None else tuple(task.ood_lengths)
-    limit = max_positions(model)
-    out = {}
-    for split, rng, gen_split in (("ID", id_r, "val"), ("OOD", ood_r, "test")):
-        if split not in sets:
-            continue
-        exs = task.generate(n_eval, lengths=rng, seed=seed, split=gen_split)
-        if limit is not None:
-            lens = encode_examples(tokenizer, exs).attention_mask.sum(1)
-            exs = [e for e, n in zip(exs, lens.tolist(), strict=True) if n <= limit]
-        if exs:
-            out[split] = exs
-    return out
-
-
-def _task_metrics(model, task, tokenizer, examples, batch_size) -> list[dict]:
+def _task_metrics(model, task, tokenizer, sets: dict[str, Sequences], batch_size) -> list[dict]:
+    """Exact match and target loss on the task examples behind each held-out split."""
     from nopeinterp.evaluation import exact_match
     from nopeinterp.tasks import encode_examples
     from nopeinterp.training.trainer import target_loss
 
     rows = []
-    for split, exs in examples.items():
+    for split in ("ID", "OOD"):
+        exs = sets[split].examples if split in sets else None
+        if not exs:
+            continue
         correct = exact_match(model, tokenizer, task, exs, batch_size=batch_size)
         total, count = 0.0, 0
         with torch.inference_mode():
@@ -282,7 +261,7 @@ def _task_metrics(model, task, tokenizer, examples, batch_size) -> list[dict]:
 
 def erase_position(
     model,
-    data,
+    data=None,
     *,
     layers: Sequence[int] | None = None,
     hook: str = "resid_post",
@@ -307,22 +286,24 @@ def erase_position(
     """Erase position at each layer (LEACE, and a same-rank random control); see the module
     docstring for the sets, conditions and metrics.
 
-    `data`: a token tensor [B, T] (with `attention_mask`/`lengths`), a tasks Batch, a task
-    (name, Task or (task, tokenizer): `n_train` training and `n_eval` ID/OOD examples), or a
-    mapping {"fit"/"train", "val", "ID", "OOD"}, as for `probe_position`. Task metrics
-    (exact match, target loss) need a task and `task_metrics=True`.
+    `model`: a HookedTransformer, a Checkpoint or a checkpoint path. `data`: anything
+    `nopeinterp.data.make_sequences` takes, as for `probe_position`; None = the checkpoint's
+    own task (`n_train` train-pool sequences, `n_eval` held-out ID and OOD ones). Task metrics
+    (exact match, target loss) need task data and `task_metrics=True`.
     """
     if concept not in CONCEPTS:
         raise ValueError(f"concept must be one of {CONCEPTS}, got {concept!r}")
     if not 0 < erase_fraction < 1:
         raise ValueError(f"erase_fraction must be in (0, 1), got {erase_fraction}")
+    mi = as_model(model)
+    model = mi.model
     if isinstance(model, torch.nn.Module):
         model.eval()
     layer_hooks = probe_layers(model.cfg.n_layers, hook, layers)
-    sets = resolve_sets(
+    sets = make_sequences(
         data,
+        mi,
         purpose="probe",
-        model=model,
         attention_mask=attention_mask,
         lengths=lengths,
         tokenizer=tokenizer,
@@ -334,25 +315,14 @@ def erase_position(
     )
     if "ID" not in sets:
         raise ValueError("no held-out ID sequences to evaluate the probe on")
-    parts = _split(sets.pop("fit"), {"erase": erase_fraction, "fit": 1 - erase_fraction}, seed)
+    if "fit" not in sets or len(sets["fit"]) < 2:
+        raise ValueError("too few training sequences to split into eraser and probe sets")
+    parts = _random_split(sets["fit"], {"erase": erase_fraction, "fit": 1 - erase_fraction}, seed)
     if min(len(parts["erase"]), len(parts["fit"])) < 1:
         raise ValueError("too few training sequences to split into eraser and probe sets")
-    probe_sets = {"fit": parts["fit"], **sets}
+    probe_sets = {**dict(sets), "fit": parts["fit"]}
     n_classes = int(parts["erase"].attention_mask.sum(1).max())
-
-    examples, task, tok = {}, None, None
-    if task_metrics and _is_task_like(data):
-        task, tok = resolve_task(data, tokenizer, model)
-        examples = _task_examples(
-            task,
-            tok,
-            sets,
-            id_lengths=id_lengths,
-            ood_lengths=ood_lengths,
-            n_eval=n_eval,
-            seed=seed,
-            model=model,
-        )
+    task, tok = (sets.task, sets.tokenizer) if task_metrics else (None, None)
 
     erasers = fit_position_erasers(
         model,
@@ -381,8 +351,11 @@ def erase_position(
         t = t[(t.model == "trained") & t.metric.isin(PROBE_METRICS)]
         return t[["layer", "split", "metric", "value", "n"]].to_dict("records")
 
+    def task_rows():
+        return _task_metrics(model, task, tok, sets, batch_size) if task is not None else []
+
     rows = []
-    base_task = _task_metrics(model, task, tok, examples, batch_size) if examples else []
+    base_task = task_rows()
     for r in probe_rows(list(layer_hooks)):
         rows.append({"condition": "none", "rank": 0, **r})
     for layer in layer_hooks:
@@ -396,11 +369,7 @@ def erase_position(
         for cond, eraser in (("leace", leace), ("random", control)):
             with erasing(model, hook_name, eraser):
                 found = [{"layer": layer, **r} for r in probe_rows([layer])]
-                if examples:
-                    found += [
-                        {"layer": layer, **r}
-                        for r in _task_metrics(model, task, tok, examples, batch_size)
-                    ]
+                found += [{"layer": layer, **r} for r in task_rows()]
             rows += [{"condition": cond, "rank": rank, **r} for r in found]
 
     table = pd.DataFrame(rows)
@@ -410,7 +379,7 @@ def erase_position(
     table["delta"] = table.value.to_numpy() - base.reindex(key).to_numpy()
     table = table[TABLE_COLUMNS].sort_values(["layer", "condition", "split", "metric"])
     meta = {
-        "title": title,
+        "title": title or describe(mi, "Position erasure"),
         "hook": hook,
         "concept": concept,
         "erase_fraction": erase_fraction,
@@ -418,19 +387,12 @@ def erase_position(
         "n_classes": n_classes,
         "leace": "concept_erasure.LeaceFitter defaults (shrinkage, trace constraint, svd_tol)",
         "seed": seed,
-        **{f"n_seq_{k}": len(v) for k, v in {"erase": parts["erase"], **probe_sets}.items()},
         "task": getattr(task, "name", None),
+        **sets.meta(),
+        "n_seq_erase": len(parts["erase"]),
+        "n_seq_fit": len(parts["fit"]),
     }
     return ErasureResult(table.reset_index(drop=True), meta)
-
-
-def erase_position_checkpoint(ckpt, **kwargs) -> ErasureResult:
-    """`erase_position` on a loaded checkpoint: its model, tokenizer and meta["task"]."""
-    from nopeinterp.probing.position import _checkpoint_task, _checkpoint_title
-
-    task = _checkpoint_task(ckpt)
-    kwargs.setdefault("title", _checkpoint_title(ckpt, "Position erasure"))
-    return erase_position(ckpt.model, (task, ckpt.tokenizer), **kwargs)
 
 
 __all__ = [
@@ -438,7 +400,6 @@ __all__ = [
     "CONDITIONS",
     "ErasureResult",
     "erase_position",
-    "erase_position_checkpoint",
     "eraser_rank",
     "erasing",
     "fit_position_erasers",

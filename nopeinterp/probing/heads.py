@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from nopeinterp.probing._data import resolve_sets, stream
+from nopeinterp.data import as_model, describe, make_sequences
+from nopeinterp.probing._stream import stream
 from nopeinterp.probing.distance import DistanceStats
 from nopeinterp.results import Result
 
@@ -182,12 +183,15 @@ def _attention_stats(
     min_keys: int = MIN_KEYS,
     **set_kwargs,
 ):
-    """{split: {layer: (PatternStats, DistanceStats | None)}} and the sequence sets."""
+    """{split: {layer: (PatternStats, DistanceStats | None)}}, the sequence sets and the
+    ModelInput."""
+    mi = as_model(model)
+    model = mi.model
     if isinstance(model, torch.nn.Module):
         model.eval()
     H = model.cfg.n_heads
     layers = _layers(model, layers)
-    sets = resolve_sets(data, purpose="analysis", model=model, **set_kwargs)
+    sets = make_sequences(data, mi, purpose="analysis", **set_kwargs)
     if not sets:
         raise ValueError("no sequences this model can read")
     names = {}
@@ -224,16 +228,11 @@ def _attention_stats(
                     pattern = act
                 pst.update(pattern, real)
         out[split] = stats
-    return out, sets
+    return out, sets, mi
 
 
 def _meta(sets, layers, title) -> dict:
-    return {
-        "title": title,
-        "layers": layers,
-        **{f"n_seq_{k}": len(v) for k, v in sets.items()},
-        **{f"lengths_{k}": (int(v.lengths.min()), int(v.lengths.max())) for k, v in sets.items()},
-    }
+    return {"title": title, "layers": layers, **sets.meta()}
 
 
 # ------------------------------------------------------------------------------ sinks
@@ -251,6 +250,10 @@ class SinkResult(Result):
     name = "attention_sinks"
     title = "Attention sinks and entropy by row length"
     extra_tables = ("dilution",)
+
+    def pivot(self) -> pd.DataFrame:
+        """Per (split, layer, head): mean first-token mass and the entropy slope on log(n)."""
+        return self.dilution.set_index(["split", "layer", "head"])[["first_mass", "entropy_slope"]]
 
     def figure(self, split: str | None = None):
         """First-token mass (left) and entropy with uniform's log(n) (right) against the
@@ -316,22 +319,29 @@ class SinkResult(Result):
 
 def attention_sinks(
     model,
-    data,
+    data=None,
     *,
     layers: Sequence[int] | None = None,
     batch_size: int = 16,
     progress: bool = True,
+    id_lengths: tuple[int, int] | None = None,
+    ood_lengths: tuple[int, int] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    tokenizer=None,
+    n_eval: int = 128,
+    seed: int = 0,
     max_cache_mb: float = 256,
     title: str | None = None,
-    **set_kwargs,
 ) -> SinkResult:
     """First-token mass and attention entropy per (split, layer, head, row length n).
 
-    `data` as for `distance_dependence` (token tensor with ``attention_mask=``/``lengths=``,
-    Batch, task or mapping; ``id_lengths``/``ood_lengths``/``n_eval``/``seed``/``tokenizer``
-    are passed on). See the module docstring for what "length" is (keys per row).
+    `model`: a HookedTransformer, a Checkpoint or a path. `data`: anything
+    `nopeinterp.data.make_sequences` takes (None: the checkpoint's task, `n_eval` held-out ID
+    and OOD sequences), as for `distance_dependence`. See the module docstring for what
+    "length" is (keys per row).
     """
-    stats, sets = _attention_stats(
+    stats, sets, mi = _attention_stats(
         model,
         data,
         layers=layers,
@@ -340,7 +350,13 @@ def attention_sinks(
         max_cache_mb=max_cache_mb,
         progress=progress,
         desc="sinks",
-        **set_kwargs,
+        id_lengths=id_lengths,
+        ood_lengths=ood_lengths,
+        attention_mask=attention_mask,
+        lengths=lengths,
+        tokenizer=tokenizer,
+        n_eval=n_eval,
+        seed=seed,
     )
     rows = []
     for split, per_layer in stats.items():
@@ -363,7 +379,7 @@ def attention_sinks(
                             "n_rows": int(pst.count[i]),
                         }
                     )
-    meta = _meta(sets, list(next(iter(stats.values()))), title)
+    meta = _meta(sets, list(next(iter(stats.values()))), title or describe(mi, "Attention sinks"))
     meta["length"] = "n_keys: keys visible to the query (query position + 1), rows pooled"
     table = pd.DataFrame(rows, columns=SINK_COLUMNS)
     return SinkResult(table, meta, dilution=_dilution(table))
@@ -413,6 +429,12 @@ class HeadTaxonomy(Result):
     name = "heads"
     title = "Head taxonomy"
 
+    def pivot(self) -> pd.DataFrame:
+        """(split, layer) x head grid of labels."""
+        t = self.table.assign(head=[f"H{h}" for h in self.table["head"]])
+        p = t.pivot(index=["split", "layer"], columns="head", values="label")
+        return p.loc[[s for s in dict.fromkeys(self.table.split)]]
+
     def labels(self, split: str | None = None) -> pd.DataFrame:
         """layer x head table of labels for one split (the first by default)."""
         t = self.table
@@ -459,21 +481,27 @@ class HeadTaxonomy(Result):
 
 def classify_heads(
     model,
-    data,
+    data=None,
     *,
     layers: Sequence[int] | None = None,
     batch_size: int = 16,
     progress: bool = True,
+    id_lengths: tuple[int, int] | None = None,
+    ood_lengths: tuple[int, int] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    tokenizer=None,
+    n_eval: int = 128,
+    seed: int = 0,
     max_cache_mb: float = 256,
     title: str | None = None,
-    **set_kwargs,
 ) -> HeadTaxonomy:
     """Score and label every head (sink, previous_token, local, uniform, distance, content).
 
-    `data` as for `attention_sinks`. Scores, thresholds and the labelling rule: module
+    `model` and `data` as for `attention_sinks`. Scores, thresholds and the labelling rule: module
     docstring (named constants THRESHOLDS, LABEL_ORDER, LOCAL_WINDOW, MIN_KEYS).
     """
-    stats, sets = _attention_stats(
+    stats, sets, mi = _attention_stats(
         model,
         data,
         layers=layers,
@@ -482,7 +510,13 @@ def classify_heads(
         max_cache_mb=max_cache_mb,
         progress=progress,
         desc="heads",
-        **set_kwargs,
+        id_lengths=id_lengths,
+        ood_lengths=ood_lengths,
+        attention_mask=attention_mask,
+        lengths=lengths,
+        tokenizer=tokenizer,
+        n_eval=n_eval,
+        seed=seed,
     )
     rows = []
     for split, per_layer in stats.items():
@@ -506,7 +540,7 @@ def classify_heads(
                         "n_rows": lifts["n_rows"],
                     }
                 )
-    meta = _meta(sets, list(next(iter(stats.values()))), title)
+    meta = _meta(sets, list(next(iter(stats.values()))), title or describe(mi, "Head taxonomy"))
     meta.update(
         thresholds=THRESHOLDS,
         label_order=list(LABEL_ORDER),
