@@ -160,29 +160,45 @@ def sinks_figure(by_layer: pd.DataFrame):
     return fig
 
 
-def main(argv=None) -> list[Path]:
-    p = parser(__doc__.splitlines()[0])
-    p.add_argument("--n-train", type=int, default=None, help="erasure: eraser + probe (256)")
-    p.add_argument("--n-eval", type=int, default=None, help="erasure: ID/OOD sequences (64)")
-    p.add_argument("--n-heads", type=int, default=None, help="sinks/taxonomy: ID/OOD seqs (64)")
-    args = p.parse_args(argv)
-    n_train = args.n_train or (24 if args.quick else 256)
-    n_eval = args.n_eval or (8 if args.quick else 64)
-    n_heads = args.n_heads or (8 if args.quick else 64)
+def analyse(info, n_train: int, n_eval: int, n_heads: int, progress: bool):
+    """The three analyses of one checkpoint -> (erasure, dilution, taxonomy) tables."""
+    import torch
+
     from nopeinterp.data import as_model
     from nopeinterp.probing import attention_sinks, classify_heads, erase_position
 
-    erasure, dilution, taxonomy = [], [], []
-    for info in find_checkpoints(args.checkpoints, task_filter(args)):
-        t0 = time.perf_counter()
-        mi = as_model(info.path)
-        ident = {"checkpoint": info.name, "task": info.task, "pe": info.pe, "seed": info.seed}
-        er = erase_position(mi, n_train=n_train, n_eval=n_eval, progress=args.progress)
-        erasure.append(er.table.assign(**ident))
-        kw = dict(n_eval=n_heads, progress=args.progress)
-        dilution.append(attention_sinks(mi, **kw).dilution.assign(**ident))
-        taxonomy.append(classify_heads(mi, **kw).table.assign(**ident))
-        print(f"  {info.name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    mi = as_model(info.path)
+    ident = {"checkpoint": info.name, "task": info.task, "pe": info.pe, "seed": info.seed}
+    er = erase_position(mi, n_train=n_train, n_eval=n_eval, progress=progress)
+    kw = dict(n_eval=n_heads, progress=progress)
+    dilution = attention_sinks(mi, **kw).dilution.assign(**ident)
+    taxonomy = classify_heads(mi, **kw).table.assign(**ident)
+    print(f"  {info.name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    return er.table.assign(**ident), dilution, taxonomy
+
+
+def main(argv=None) -> list[Path]:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--n-train", type=int, default=None, help="erasure: eraser + probe (128)")
+    p.add_argument("--n-eval", type=int, default=None, help="erasure: ID/OOD sequences (32)")
+    p.add_argument("--n-heads", type=int, default=None, help="sinks/taxonomy: ID/OOD seqs (32)")
+    p.add_argument("--jobs", type=int, default=1, help="checkpoints analysed in parallel")
+    args = p.parse_args(argv)
+    n_train = args.n_train or (24 if args.quick else 128)
+    n_eval = args.n_eval or (8 if args.quick else 32)
+    n_heads = args.n_heads or (8 if args.quick else 32)
+    entries = find_checkpoints(args.checkpoints, task_filter(args))
+    work = [(info, n_train, n_eval, n_heads, args.progress) for info in entries]
+    if args.jobs > 1:  # checkpoints in parallel processes (same results, in the same order)
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(args.jobs) as pool:
+            done = list(pool.map(analyse, *zip(*work, strict=True)))
+    else:
+        done = [analyse(*w) for w in work]
+    erasure, dilution, taxonomy = (list(x) for x in zip(*done, strict=True))
 
     def front(df):
         return df[IDENT + [c for c in df.columns if c not in IDENT]]

@@ -120,6 +120,19 @@ def _length_range(lengths):
     return (min(lengths), max(lengths)) if lengths else None
 
 
+def _analysis_kwargs(args) -> dict:
+    """What the `_analysis_flags` flags mean to an analysis function (and --n-train/--n-eval)."""
+    kw = dict(
+        layers=args.layers,
+        id_lengths=_length_range(args.id_lengths),
+        ood_lengths=_length_range(args.ood_lengths),
+        n_eval=args.n_eval,
+    )
+    if hasattr(args, "n_train"):
+        kw["n_train"] = args.n_train
+    return kw
+
+
 def _each_checkpoint(args, analyse, what) -> int:
     """`analyse(path)` on the checkpoint, or on every checkpoint of a directory: print each
     result's pivot table and save each under --out (a subfolder per checkpoint for a
@@ -158,14 +171,7 @@ def cmd_probe_position(args) -> int:
 
     return _each_checkpoint(
         args,
-        lambda path: probe_position(
-            path,
-            layers=args.layers,
-            id_lengths=_length_range(args.id_lengths),
-            ood_lengths=_length_range(args.ood_lengths),
-            n_train=args.n_train,
-            n_eval=args.n_eval,
-        ),
+        lambda path: probe_position(path, **_analysis_kwargs(args)),
         "position probes per layer ([random_init] = same config, untrained):",
     )
 
@@ -175,13 +181,7 @@ def cmd_probe_distance(args) -> int:
 
     return _each_checkpoint(
         args,
-        lambda path: distance_dependence(
-            path,
-            layers=args.layers,
-            id_lengths=_length_range(args.id_lengths),
-            ood_lengths=_length_range(args.ood_lengths),
-            n_eval=args.n_eval,
-        ),
+        lambda path: distance_dependence(path, **_analysis_kwargs(args)),
         "distance dependence (R2 of the logits on n - m) per layer and head:",
     )
 
@@ -191,14 +191,7 @@ def cmd_erase_position(args) -> int:
 
     return _each_checkpoint(
         args,
-        lambda path: erase_position(
-            path,
-            layers=args.layers,
-            id_lengths=_length_range(args.id_lengths),
-            ood_lengths=_length_range(args.ood_lengths),
-            n_train=args.n_train,
-            n_eval=args.n_eval,
-        ),
+        lambda path: erase_position(path, **_analysis_kwargs(args)),
         "position erasure per layer (LEACE vs a random subspace of the same rank):",
     )
 
@@ -210,12 +203,7 @@ def cmd_heads(args) -> int:
         from nopeinterp.data import as_model
 
         mi = as_model(path)  # loaded once for both analyses
-        kw = dict(
-            layers=args.layers,
-            id_lengths=_length_range(args.id_lengths),
-            ood_lengths=_length_range(args.ood_lengths),
-            n_eval=args.n_eval,
-        )
+        kw = _analysis_kwargs(args)
         return attention_sinks(mi, **kw), classify_heads(mi, **kw)
 
     return _each_checkpoint(

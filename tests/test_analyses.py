@@ -276,7 +276,7 @@ def test_attention_similarity_across_seeds(ckpt_dir, tmp_path):
 
 
 def test_causal_position(ckpt_dir, tmp_path, capsys):
-    names = run("causal_position", ckpt_dir, tmp_path, "--tasks", "copy")
+    names = run("causal_position", ckpt_dir, tmp_path, "--tasks", "copy", "--jobs", "2")
     assert {"causal_erasure.html", "causal_sinks.html", "causal_heads.html"} <= names
     assert "Position erasure" in capsys.readouterr().out
     tidy = read(tmp_path, "causal_erasure")
