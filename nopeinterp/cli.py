@@ -152,31 +152,47 @@ def _length_range(lengths):
     return (min(lengths), max(lengths)) if lengths else None
 
 
-def _each_checkpoint(args, analyse, what: str, **params) -> int:
-    """`analyse(path, **flags)` on the checkpoint, or on every checkpoint of a directory: print
-    each result's pivot table and save each under --out (a subfolder per checkpoint for a
-    directory). The flags of `_analysis_flags` are passed on, with `params`."""
+def _analysis_kwargs(args) -> dict:
+    """What the `_analysis_flags` flags mean to an analysis function (and --n-train/--n-eval)."""
+    kw = dict(
+        layers=args.layers,
+        id_lengths=_length_range(args.id_lengths),
+        ood_lengths=_length_range(args.ood_lengths),
+        n_eval=args.n_eval,
+    )
+    if hasattr(args, "n_train"):
+        kw["n_train"] = args.n_train
+    return kw
+
+
+def _each_checkpoint(args, analyse, what) -> int:
+    """`analyse(path)` on the checkpoint, or on every checkpoint of a directory: print each
+    result's pivot table and save each under --out (a subfolder per checkpoint for a
+    directory). `analyse` may return a tuple of results (then `what` is a tuple of headings),
+    saved side by side."""
     import pandas as pd
 
     from nopeinterp.zoo import checkpoint_files
 
     paths = checkpoint_files(args.checkpoint)
     many = len(paths) > 1 or Path(args.checkpoint).is_dir()
-    flags = dict(
-        layers=args.layers,
-        id_lengths=_length_range(args.id_lengths),
-        ood_lengths=_length_range(args.ood_lengths),
-        n_eval=args.n_eval,
-        **params,
-    )
-    pivots = []
+    whats = what if isinstance(what, tuple) else (what,)
+    pivots = [[] for _ in whats]
     for path in paths:
-        result = analyse(path, **flags)
-        pivots.append(pd.concat({path.stem: result.pivot()}, names=["checkpoint"]))
-        if args.out:
-            result.save(Path(args.out) / path.stem if many else args.out)
-    print(what)
-    print(_fmt(pd.concat(pivots)))
+        results = analyse(path)
+        results = results if isinstance(results, tuple) else (results,)
+        for found, result in zip(pivots, results, strict=True):
+            pivot = result.pivot()
+            found.append(
+                pivot.set_index(
+                    pd.Index([path.stem] * len(pivot), name="checkpoint"), append=True
+                ).reorder_levels([-1, *range(pivot.index.nlevels)])
+            )
+            if args.out:
+                result.save(Path(args.out) / path.stem if many else args.out)
+    for heading, found in zip(whats, pivots, strict=True):
+        print(heading)
+        print(_fmt(pd.concat(found)))
     if args.out:
         print(f"wrote {args.out}")
     return 0
@@ -185,15 +201,51 @@ def _each_checkpoint(args, analyse, what: str, **params) -> int:
 def cmd_probe_position(args) -> int:
     from nopeinterp.probing import probe_position
 
-    what = "position probes per layer ([random_init] = same config, untrained):"
-    return _each_checkpoint(args, probe_position, what, n_train=args.n_train)
+    return _each_checkpoint(
+        args,
+        lambda path: probe_position(path, **_analysis_kwargs(args)),
+        "position probes per layer ([random_init] = same config, untrained):",
+    )
 
 
 def cmd_probe_distance(args) -> int:
     from nopeinterp.probing import distance_dependence
 
-    what = "distance dependence (R2 of the logits on n - m) per layer and head:"
-    return _each_checkpoint(args, distance_dependence, what)
+    return _each_checkpoint(
+        args,
+        lambda path: distance_dependence(path, **_analysis_kwargs(args)),
+        "distance dependence (R2 of the logits on n - m) per layer and head:",
+    )
+
+
+def cmd_erase_position(args) -> int:
+    from nopeinterp.probing import erase_position
+
+    return _each_checkpoint(
+        args,
+        lambda path: erase_position(path, **_analysis_kwargs(args)),
+        "position erasure per layer (LEACE vs a random subspace of the same rank):",
+    )
+
+
+def cmd_heads(args) -> int:
+    from nopeinterp.probing import attention_sinks, classify_heads
+
+    def analyse(path):
+        from nopeinterp.data import as_model
+
+        mi = as_model(path)  # loaded once for both analyses
+        kw = _analysis_kwargs(args)
+        return attention_sinks(mi, **kw), classify_heads(mi, **kw)
+
+    return _each_checkpoint(
+        args,
+        analyse,
+        (
+            "attention sinks: mean first-token mass and entropy slope on log(n) per head:",
+            "head taxonomy (labels per layer and head):",
+        ),
+    )
 
 
 def cmd_compare_attention(args) -> int:
@@ -348,6 +400,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _out(p)
     p.set_defaults(func=cmd_probe_distance)
+
+    p = sub.add_parser(
+        "erase-position",
+        help="erase position per layer (LEACE) vs a random control: probe R2, exact match, loss",
+    )
+    _analysis_flags(p)
+    p.add_argument("--n-train", type=int, default=512, help="sequences to fit eraser and probe")
+    p.add_argument("--n-eval", type=int, default=256, help="sequences per evaluated split")
+    _out(p)
+    p.set_defaults(func=cmd_erase_position)
+
+    p = sub.add_parser(
+        "heads", help="attention sinks, entropy vs log(n) and a positional head taxonomy"
+    )
+    _analysis_flags(p)
+    p.add_argument("--n-eval", type=int, default=128, help="sequences per evaluated split")
+    _out(p)
+    p.set_defaults(func=cmd_heads)
 
     p = sub.add_parser(
         "compare-attention", help="JSD between NoPE's attention and each reference PE"

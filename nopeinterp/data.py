@@ -45,6 +45,7 @@ class Sequences:
     lengths: torch.Tensor  # [B] the task's length of each sequence, else its token count
     split: str = "all"  # "ID", "OOD", "fit", "val", "all" or any name
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> number of sequences
+    examples: list | None = None  # the task Examples behind the rows (task data only)
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -64,12 +65,14 @@ class Sequences:
             idx = idx.nonzero().flatten()
         mask = self.attention_mask[idx]
         width = int(mask.sum(1).max()) if len(idx) else 0
+        examples = None if self.examples is None else [self.examples[i] for i in idx.tolist()]
         return Sequences(
             self.tokens[idx][:, :width],
             mask[:, :width],
             self.lengths[idx],
             split or self.split,
             dict(self.dropped),
+            examples,
         )
 
     def readable_by(self, limit: int | None) -> Sequences:
@@ -235,7 +238,7 @@ def _encode(name: str, tokenizer, examples) -> Sequences:
     from nopeinterp.tasks import encode_examples
 
     b = encode_examples(tokenizer, examples)
-    return Sequences(b.tokens, b.attention_mask, b.lengths, name)
+    return Sequences(b.tokens, b.attention_mask, b.lengths, name, examples=list(examples))
 
 
 def _concat(name: str, parts: list[Sequences]) -> Sequences:
@@ -249,6 +252,9 @@ def _concat(name: str, parts: list[Sequences]) -> Sequences:
         torch.cat([pad(p.attention_mask) for p in parts]),
         torch.cat([p.lengths for p in parts]),
         name,
+        examples=None
+        if any(p.examples is None for p in parts)
+        else [e for p in parts for e in p.examples],
     )
 
 
@@ -415,6 +421,7 @@ def make_sequences(
         )
         out = _ordered(sets, model)
         out.skipped_lengths = skipped
+        out.task, out.tokenizer = task, tok
         return out
 
     if _is_text(data):
@@ -482,6 +489,8 @@ class Splits(dict):
 
     dropped: dict[str, dict[str, int]]
     skipped_lengths: list[int]  # task lengths with no held-out example (e.g. SCAN length 1)
+    task: object | None  # the Task the sequences were generated from (None for token data)
+    tokenizer: object | None  # its tokenizer (None for token data)
 
     def meta(self) -> dict:
         """Counts for a result's meta: n_seq_<split>, n_tok_<split>, lengths_<split> and
@@ -507,6 +516,7 @@ def _ordered(sets: dict[str, Sequences], model=None) -> Splits:
     out = Splits((k, sets[k]) for k in order if len(sets[k]))
     out.dropped = {k: dict(sets[k].dropped) for k in order if sets[k].dropped}
     out.skipped_lengths = []
+    out.task = out.tokenizer = None
     return out
 
 

@@ -301,3 +301,39 @@ def test_write_figure_without_a_browser_says_why_once_and_keeps_the_html(
     printed = capsys.readouterr().out
     assert printed.count("note: no PNG figures") == 1 and "needs Chromium" in printed
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_causal_position(ckpt_dir, tmp_path, capsys):
+    names = run("causal_position", ckpt_dir, tmp_path, "--tasks", "copy", "--jobs", "2")
+    assert {"causal_erasure.html", "causal_sinks.html", "causal_heads.html"} <= names
+    assert "Position erasure" in capsys.readouterr().out
+    tidy = read(tmp_path, "causal_erasure")
+    assert set(tidy.checkpoint) == {"copy-nope", "copy-nope-seed1", "copy-t5", "copy-ape"}
+    assert set(tidy.condition) == {"none", "leace", "random"}
+    assert {"r2", "exact_match", "target_loss"} <= set(tidy.metric)
+    summary = read(tmp_path, "causal_erasure_summary")
+    assert set(summary.layer) == {0, 1, 2}  # embeddings and after each of the 2 blocks
+    # the summary's deltas are the tidy table's (erased minus unerased), not recomputed
+    row = summary[(summary.checkpoint == "copy-t5") & (summary.layer == 1)].iloc[0]
+    t = tidy[(tidy.checkpoint == "copy-t5") & (tidy.layer == 1) & (tidy.split == "ID")]
+    t = t.set_index(["condition", "metric"])
+    assert row["ID exact_match d_leace"] == pytest.approx(
+        t.value[("leace", "exact_match")] - t.value[("none", "exact_match")]
+    )
+    assert row["ID r2 leace"] == pytest.approx(t.value[("leace", "r2")])
+    # the learned-APE model cannot read OOD copy sequences: no OOD rows for it
+    assert "OOD" not in set(tidy[tidy.checkpoint == "copy-ape"].split)
+    by_pe = read(tmp_path, "causal_erasure_seeds")
+    nope = by_pe[(by_pe.pe == "nope") & (by_pe.layer == 1)].iloc[0]
+    assert nope.n_seeds == 2
+    two = summary[(summary.pe == "nope") & (summary.layer == 1)]["ID r2 leace"]
+    assert nope["ID r2 leace_mean"] == pytest.approx(two.mean())
+    heads = read(tmp_path, "causal_heads")
+    assert len(heads[(heads.checkpoint == "copy-t5") & (heads.split == "ID")]) == 2 * 2
+    counts = read(tmp_path, "causal_heads_counts")
+    id_counts = counts[counts.split == "ID"].set_index("checkpoint")
+    kinds = ["sink", "previous_token", "local", "uniform", "distance", "content"]
+    assert (id_counts[kinds].sum(axis=1) == 4).all()  # every head has exactly one label
+    sinks = read(tmp_path, "causal_sinks")
+    assert ((sinks.first_mass > 0) & (sinks.first_mass <= 1)).all()
+    read(tmp_path, "causal_sinks_by_layer")

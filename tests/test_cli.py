@@ -126,3 +126,61 @@ def test_main_job_report(ckpt_dir, tmp_path, capsys):
     assert (out / "distance_dependence" / "copy-t5" / "distance.csv").exists()
     assert sorted(p.name for p in out.rglob("*.html")) == ["index.html"]
     assert main(["report", "--checkpoints", str(tmp_path / "empty"), "--out", str(out)]) == 2
+
+
+def _cli(*argv):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "nopeinterp.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+def _one_line_exit_2(proc):
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "error" in proc.stderr
+
+
+def test_erase_position_cli(ckpt_dir, tmp_path):
+    proc = _cli(
+        "erase-position", str(ckpt_dir / "copy-nope.pt"), "--layers", "1,2",
+        "--n-train", "40", "--n-eval", "8", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "r2 leace ID" in proc.stdout and "exact_match random OOD" in proc.stdout
+    import pandas as pd
+
+    t = pd.read_csv(tmp_path / "erase_position.csv")
+    assert set(t.layer) == {1, 2} and set(t.condition) == {"none", "leace", "random"}
+    assert {"exact_match", "target_loss", "r2"} <= set(t.metric)
+    assert (tmp_path / "erase_position.html").exists()
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    _one_line_exit_2(_cli("erase-position", str(bad)))
+    _one_line_exit_2(_cli("erase-position", str(ckpt_dir / "copy-nope.pt"), "--layers", "9"))
+
+
+def test_heads_cli(ckpt_dir, tmp_path):
+    proc = _cli("heads", str(ckpt_dir), "--n-eval", "8", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "copy-t5" in proc.stdout and "copy-ape" in proc.stdout
+    assert "entropy_slope" in proc.stdout and "H1" in proc.stdout
+    for name in ("attention_sinks.csv", "attention_sinks_dilution.csv", "heads.csv", "heads.html"):
+        assert (tmp_path / "copy-alibi" / name).exists(), name
+    import pandas as pd
+
+    labels = pd.read_csv(tmp_path / "copy-nope" / "heads.csv").label
+    assert len(labels) == 2 * 2 * 2  # ID and OOD, 2 layers x 2 heads
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    _one_line_exit_2(_cli("heads", str(bad)))

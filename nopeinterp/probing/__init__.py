@@ -5,6 +5,9 @@ logits (Theorem 2).
     distance_dependence(model_or_ckpt, data=None) -> DistanceResult  # .table, .mass, .rel_mass
     fit_ridge(X, Y, alphas) -> RidgeProbe               # closed-form ridge (torch, float64)
     distance_r2(scores, valid_mask)                     # the score on raw logit tensors
+    erase_position(model_or_ckpt, data=None) -> ErasureResult   # LEACE erasure + random control
+    attention_sinks(model_or_ckpt, data=None) -> SinkResult     # first-token mass, entropy vs log n
+    classify_heads(model_or_ckpt, data=None) -> HeadTaxonomy    # positional head labels
 """
 
 from nopeinterp.probing.distance import (
@@ -13,6 +16,8 @@ from nopeinterp.probing.distance import (
     distance_dependence,
     distance_r2,
 )
+from nopeinterp.probing.erasure import ErasureResult, erase_position
+from nopeinterp.probing.heads import HeadTaxonomy, SinkResult, attention_sinks, classify_heads
 from nopeinterp.probing.position import (
     ProbeResult,
     probe_layers,
@@ -24,12 +29,18 @@ __all__ = [
     "DEFAULT_ALPHAS",
     "DistanceResult",
     "DistanceStats",
+    "ErasureResult",
+    "HeadTaxonomy",
     "ProbeResult",
     "RidgePath",
     "RidgeProbe",
     "RidgeStats",
+    "SinkResult",
+    "attention_sinks",
+    "classify_heads",
     "distance_dependence",
     "distance_r2",
+    "erase_position",
     "fit_ridge",
     "probe_layers",
     "probe_position",

@@ -1,0 +1,570 @@
+"""Attention sinks, dilution (entropy against length) and a positional taxonomy of heads.
+
+Rows. Everything here is computed per attention *row*: one real query token at position t
+of one sequence, attending over its ``n = t + 1`` visible keys 0..t (right padding, so all
+of them are real). "Length" is that ``n``, the number of keys of the row (per query
+position), NOT the length of the sequence the row belongs to: rows of every sequence that
+reach position t are pooled at n = t + 1. Only ``hook_pattern`` (and, for the taxonomy's
+distance score, ``hook_attn_scores``) of the requested blocks are cached, batch by batch.
+Layers are block indices 0..n_layers-1 (the attention of block l), as in `distance.py`.
+
+`attention_sinks` -> `SinkResult`, per (split, layer, head, n):
+  - ``first_mass``: mean attention probability on key 0 (the first token, <bos> in our tasks);
+    uniform attention gives 1/n;
+  - ``entropy``: mean attention entropy of the rows (nats), against ``uniform_entropy`` =
+    log(n), the entropy of uniform attention over n keys (the maximum); ``entropy_ratio`` =
+    entropy / log(n). Dilution is entropy growing like log(n); a head that keeps a sharp
+    pattern at every length stays flat.
+
+`classify_heads` -> `HeadTaxonomy`, per (split, layer, head), pooled over the rows with
+n >= MIN_KEYS keys (shorter rows cannot tell "local" from "everything"). The pattern scores
+are *lifts over uniform attention*, per row ``(x - u) / (1 - u)`` with ``x`` the head's mass
+on the keys in question and ``u`` the mass uniform attention puts there, averaged over rows:
+0 = as uniform attention, 1 = all mass there, negative = less than uniform.
+  - ``sink``: mass on key 0 (u = 1/n);
+  - ``previous_token``: mass on key t - 1 (u = 1/n);
+  - ``local``: mass on the LOCAL_WINDOW + 1 nearest keys t - LOCAL_WINDOW..t (u = that / n);
+  - ``uniform``: 1 - TV(p, uniform) / (1 - 1/n), TV the total variation distance:
+    1 = exactly uniform over the row (the Theorem 1 counting head), 0 = all mass on one key;
+  - ``distance``: the distance-dependence R^2 of the head's logits (`distance.DistanceStats`,
+    the same estimator as `distance_dependence`, on the same rows): 1 = logits are a row
+    offset plus a function of n - m. 0 when the logits are constant (nothing to explain);
+  - ``content``: 1 - distance, the share of the (row-centred) logit variance that relative
+    distance does not explain (0 when the logits are constant).
+Label: the first kind in LABEL_ORDER whose score reaches its threshold in THRESHOLDS,
+    sink >= 0.5, previous_token >= 0.5, local >= 0.5, uniform >= 0.9, distance >= 0.8,
+and ``content`` when none does (attention that is neither a fixed positional pattern nor a
+function of distance, so it must depend on what the tokens are). The order puts the
+specific patterns first: a previous-token head is also local and distance-based.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from nopeinterp.data import as_model, describe, make_sequences
+from nopeinterp.probing._stream import stream
+from nopeinterp.probing.distance import DistanceStats
+from nopeinterp.results import Result
+
+_DTYPE = torch.float64
+LOCAL_WINDOW = 3  # "local": the query itself and the 3 keys before it
+MIN_KEYS = LOCAL_WINDOW + 2  # taxonomy rows: more keys than the local window holds
+SINK_THRESHOLD = 0.5
+PREVIOUS_TOKEN_THRESHOLD = 0.5
+LOCAL_THRESHOLD = 0.5
+UNIFORM_THRESHOLD = 0.9
+DISTANCE_THRESHOLD = 0.8
+THRESHOLDS = {
+    "sink": SINK_THRESHOLD,
+    "previous_token": PREVIOUS_TOKEN_THRESHOLD,
+    "local": LOCAL_THRESHOLD,
+    "uniform": UNIFORM_THRESHOLD,
+    "distance": DISTANCE_THRESHOLD,
+}
+LABEL_ORDER = ("sink", "previous_token", "local", "uniform", "distance")
+KINDS = (*LABEL_ORDER, "content")
+SINK_COLUMNS = [
+    "split",
+    "layer",
+    "head",
+    "n_keys",
+    "first_mass",
+    "entropy",
+    "uniform_entropy",
+    "entropy_ratio",
+    "n_rows",
+]
+DILUTION_COLUMNS = ["split", "layer", "head", "entropy_slope", "first_mass", "n_rows"]
+TAXONOMY_COLUMNS = ["split", "layer", "head", *KINDS, "label", "n_rows"]
+
+
+class PatternStats:
+    """Per-row-length sums of attention statistics for the heads of one layer (streaming).
+
+    Index n - 1 of every [H, N] sum holds the rows with n keys (query position n - 1).
+    """
+
+    _FIELDS = ("first", "prev", "local", "tv", "entropy")
+
+    def __init__(self, n_heads: int):
+        self.H = n_heads
+        self.count = torch.zeros(0, dtype=_DTYPE)
+        self.sums = {f: torch.zeros(n_heads, 0, dtype=_DTYPE) for f in self._FIELDS}
+
+    def _grow(self, N: int):
+        pad = N - self.count.shape[0]
+        if pad > 0:
+            self.count = torch.nn.functional.pad(self.count, (0, pad))
+            self.sums = {f: torch.nn.functional.pad(v, (0, pad)) for f, v in self.sums.items()}
+
+    def update(self, pattern: torch.Tensor, real: torch.Tensor) -> PatternStats:
+        """pattern [B, H, N, N] (query, key); real [B, N] bool (right-padded real tokens)."""
+        B, H, N, _ = pattern.shape
+        if H != self.H:
+            raise ValueError(f"expected {self.H} heads, got {H}")
+        p = pattern.to(_DTYPE)
+        q = torch.arange(N)
+        n = (q + 1).to(_DTYPE)  # keys per row
+        causal = q[None, :] <= q[:, None]  # [query, key]
+        p = p * causal
+        w = real.to(_DTYPE)[:, None, :]  # [B, 1, N] row weights
+        dist = q[:, None] - q[None, :]
+        stats = {
+            "first": p[..., 0],
+            "prev": torch.nn.functional.pad(torch.diagonal(p, -1, -2, -1), (1, 0)),
+            "local": (p * (causal & (dist <= LOCAL_WINDOW))).sum(-1),
+            "tv": 0.5 * ((p - 1 / n[:, None]).abs() * causal).sum(-1),
+            "entropy": -torch.special.xlogy(p, p).sum(-1),
+        }
+        self._grow(N)
+        self.count[:N] += real.to(_DTYPE).sum(0)
+        for f, v in stats.items():
+            self.sums[f][:, :N] += (v * w).sum(0)
+        return self
+
+    def means(self) -> dict[str, torch.Tensor]:
+        """Per-length means [H, N] of every statistic (NaN where no row has that length)."""
+        c = self.count.where(self.count > 0, torch.full_like(self.count, float("nan")))
+        return {f: v / c for f, v in self.sums.items()}
+
+    def lifts(self, min_keys: int = MIN_KEYS) -> dict[str, torch.Tensor]:
+        """Row-weighted mean lifts over uniform attention [H] over rows with >= min_keys keys
+        (see the module docstring), and their row count under "n_rows"."""
+        N = self.count.shape[0]
+        n = torch.arange(1, N + 1, dtype=_DTYPE)
+        keep = (n >= min_keys) & (self.count > 0)
+        rows = self.count[keep]
+        total = rows.sum()
+        if total == 0:
+            nan = torch.full((self.H,), float("nan"), dtype=_DTYPE)
+            return {k: nan for k in ("sink", "previous_token", "local", "uniform")} | {"n_rows": 0}
+        n = n[keep]
+        s = {f: v[:, keep] for f, v in self.sums.items()}  # sums over rows of each length
+        u1 = 1 / n
+        ul = (LOCAL_WINDOW + 1) / n
+
+        def lift(total_mass, u):  # sum over rows of (x - u) / (1 - u), / number of rows
+            return ((total_mass - rows * u) / (1 - u)).sum(-1) / total
+
+        return {
+            "sink": lift(s["first"], u1),
+            "previous_token": lift(s["prev"], u1),
+            "local": lift(s["local"], ul),
+            "uniform": 1 - (s["tv"] / (1 - u1)).sum(-1) / total,
+            "n_rows": int(total),
+        }
+
+
+def _layers(model, layers) -> list[int]:
+    n_layers = model.cfg.n_layers
+    layers = list(range(n_layers)) if layers is None else sorted({int(x) for x in layers})
+    for layer in layers:
+        if not 0 <= layer < n_layers:
+            raise ValueError(f"layer {layer} out of range 0..{n_layers - 1}")
+    return layers
+
+
+def _attention_stats(
+    model,
+    data,
+    *,
+    layers,
+    with_scores: bool,
+    batch_size: int,
+    max_cache_mb: float,
+    progress: bool,
+    desc: str,
+    min_keys: int = MIN_KEYS,
+    **set_kwargs,
+):
+    """{split: {layer: (PatternStats, DistanceStats | None)}}, the sequence sets and the
+    ModelInput."""
+    mi = as_model(model)
+    model = mi.model
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+    H = model.cfg.n_heads
+    layers = _layers(model, layers)
+    sets = make_sequences(data, mi, purpose="analysis", **set_kwargs)
+    if not sets:
+        raise ValueError("no sequences this model can read")
+    names = {}
+    for layer in layers:
+        pattern = f"blocks.{layer}.attn.hook_pattern"
+        names[layer] = (
+            (pattern, f"blocks.{layer}.attn.hook_attn_scores") if with_scores else pattern
+        )
+    out = {}
+    for split, s in sets.items():
+        stats = {
+            layer: (PatternStats(H), DistanceStats(H) if with_scores else None) for layer in layers
+        }
+        for _, mask, acts in stream(
+            model,
+            s,
+            names,
+            batch_size=batch_size,
+            bytes_per_item=lambda t: (2 if with_scores else 1) * H * t * t * 4,
+            max_cache_mb=max_cache_mb,
+            progress=progress,
+            desc=f"{desc}: {split}",
+        ):
+            real = mask.bool()
+            if with_scores:
+                q = torch.arange(real.shape[1])
+                valid = real[:, :, None] & real[:, None, :] & (q >= min_keys - 1)[None, :, None]
+            for layer, act in acts.items():
+                pst, dst = stats[layer]
+                if with_scores:
+                    pattern, scores = act
+                    dst.update(scores, valid)
+                else:
+                    pattern = act
+                pst.update(pattern, real)
+        out[split] = stats
+    return out, sets, mi
+
+
+def _meta(sets, layers, title) -> dict:
+    return {"title": title, "layers": layers, **sets.meta()}
+
+
+# ------------------------------------------------------------------------------ sinks
+@dataclass(repr=False)
+class SinkResult(Result):
+    """Per (split, layer, head, n_keys): first-token mass and attention entropy vs log(n).
+
+    `dilution`: per (split, layer, head), the least-squares slope of the mean entropy against
+    log(n) over the row lengths n >= 2 (weighted by rows): 1 = entropy grows like uniform
+    attention's, 0 = the head stays as sharp at every length; and the mean first-token mass.
+    """
+
+    dilution: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DILUTION_COLUMNS))
+
+    name = "attention_sinks"
+    title = "Attention sinks and entropy by row length"
+    extra_tables = ("dilution",)
+
+    def pivot(self) -> pd.DataFrame:
+        """Per (split, layer, head): mean first-token mass and the entropy slope on log(n)."""
+        return self.dilution.set_index(["split", "layer", "head"])[["first_mass", "entropy_slope"]]
+
+    def figure(self, split: str | None = None):
+        """First-token mass (left) and entropy with uniform's log(n) (right) against the
+        number of keys of the row, one line per head (colour = layer)."""
+        import plotly.colors
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        t = self.table
+        split = split or (t.split.iloc[0] if len(t) else None)
+        t = t[t.split == split]
+        fig = make_subplots(
+            rows=1,
+            cols=2,
+            subplot_titles=["mass on the first token", "attention entropy (nats)"],
+        )
+        layers = sorted(t.layer.unique())
+        palette = plotly.colors.qualitative.Plotly
+        for (layer, head), d in t.groupby(["layer", "head"]):
+            d = d.sort_values("n_keys")
+            color = palette[layers.index(layer) % len(palette)]
+            for col, y in ((1, "first_mass"), (2, "entropy")):
+                fig.add_trace(
+                    go.Scatter(
+                        x=d.n_keys,
+                        y=d[y],
+                        mode="lines",
+                        line=dict(color=color, width=1.5),
+                        name=f"L{layer} H{head}",
+                        legendgroup=f"L{layer} H{head}",
+                        showlegend=col == 1,
+                    ),
+                    row=1,
+                    col=col,
+                )
+        ref = t.drop_duplicates("n_keys").sort_values("n_keys")
+        fig.add_trace(
+            go.Scatter(
+                x=ref.n_keys,
+                y=ref.uniform_entropy,
+                mode="lines",
+                line=dict(color="black", dash="dash"),
+                name="uniform: log(n)",
+            ),
+            row=1,
+            col=2,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=ref.n_keys,
+                y=1 / ref.n_keys,
+                mode="lines",
+                line=dict(color="black", dash="dash"),
+                name="uniform: 1/n",
+            ),
+            row=1,
+            col=1,
+        )
+        fig.update_xaxes(title_text="keys in the row (n = query position + 1)")
+        fig.update_layout(title=f"{self.meta.get('title') or self.title} ({split})")
+        return fig
+
+
+def attention_sinks(
+    model,
+    data=None,
+    *,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+    id_lengths: tuple[int, int] | None = None,
+    ood_lengths: tuple[int, int] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    tokenizer=None,
+    n_eval: int = 128,
+    seed: int = 0,
+    max_cache_mb: float = 256,
+    title: str | None = None,
+) -> SinkResult:
+    """First-token mass and attention entropy per (split, layer, head, row length n).
+
+    `model`: a HookedTransformer, a Checkpoint or a path. `data`: anything
+    `nopeinterp.data.make_sequences` takes (None: the checkpoint's task, `n_eval` held-out ID
+    and OOD sequences), as for `distance_dependence`. See the module docstring for what
+    "length" is (keys per row).
+    """
+    stats, sets, mi = _attention_stats(
+        model,
+        data,
+        layers=layers,
+        with_scores=False,
+        batch_size=batch_size,
+        max_cache_mb=max_cache_mb,
+        progress=progress,
+        desc="sinks",
+        id_lengths=id_lengths,
+        ood_lengths=ood_lengths,
+        attention_mask=attention_mask,
+        lengths=lengths,
+        tokenizer=tokenizer,
+        n_eval=n_eval,
+        seed=seed,
+    )
+    rows = []
+    for split, per_layer in stats.items():
+        for layer, (pst, _) in per_layer.items():
+            m = pst.means()
+            for i in (pst.count > 0).nonzero().flatten().tolist():
+                n = i + 1
+                for h in range(pst.H):
+                    ent = float(m["entropy"][h, i])
+                    rows.append(
+                        {
+                            "split": split,
+                            "layer": layer,
+                            "head": h,
+                            "n_keys": n,
+                            "first_mass": float(m["first"][h, i]),
+                            "entropy": ent,
+                            "uniform_entropy": math.log(n),
+                            "entropy_ratio": ent / math.log(n) if n > 1 else float("nan"),
+                            "n_rows": int(pst.count[i]),
+                        }
+                    )
+    meta = _meta(sets, list(next(iter(stats.values()))), title or describe(mi, "Attention sinks"))
+    meta["length"] = "n_keys: keys visible to the query (query position + 1), rows pooled"
+    table = pd.DataFrame(rows, columns=SINK_COLUMNS)
+    return SinkResult(table, meta, dilution=_dilution(table))
+
+
+def _dilution(table: pd.DataFrame) -> pd.DataFrame:
+    """Weighted least-squares slope of entropy on log(n) (n >= 2) per (split, layer, head)."""
+    rows = []
+    for (split, layer, head), d in table.groupby(["split", "layer", "head"], sort=False):
+        w = d.n_rows.to_numpy(float)
+        x, y = d.uniform_entropy.to_numpy(float), d.entropy.to_numpy(float)
+        first = float((d.first_mass * w).sum() / w.sum())
+        keep = d.n_keys.to_numpy() >= 2
+        w, x, y = w[keep], x[keep], y[keep]
+        slope = float("nan")
+        if len(x) >= 2:
+            xm, ym = (w * x).sum() / w.sum(), (w * y).sum() / w.sum()
+            sxx = (w * (x - xm) ** 2).sum()
+            slope = float((w * (x - xm) * (y - ym)).sum() / sxx) if sxx > 0 else float("nan")
+        rows.append(
+            {
+                "split": split,
+                "layer": layer,
+                "head": head,
+                "entropy_slope": slope,
+                "first_mass": first,
+                "n_rows": int(d.n_rows.sum()),
+            }
+        )
+    return pd.DataFrame(rows, columns=DILUTION_COLUMNS)
+
+
+# --------------------------------------------------------------------------- taxonomy
+def label_head(scores: dict[str, float]) -> str:
+    """The first kind of LABEL_ORDER whose score reaches THRESHOLDS[kind]; else "content"."""
+    for kind in LABEL_ORDER:
+        v = scores.get(kind)
+        if v is not None and not math.isnan(v) and v >= THRESHOLDS[kind]:
+            return kind
+    return "content"
+
+
+@dataclass(repr=False)
+class HeadTaxonomy(Result):
+    """Per (split, layer, head): the score of every kind and the label (module docstring)."""
+
+    name = "heads"
+    title = "Head taxonomy"
+
+    def pivot(self) -> pd.DataFrame:
+        """(split, layer) x head grid of labels."""
+        t = self.table.assign(head=[f"H{h}" for h in self.table["head"]])
+        p = t.pivot(index=["split", "layer"], columns="head", values="label")
+        return p.loc[[s for s in dict.fromkeys(self.table.split)]]
+
+    def labels(self, split: str | None = None) -> pd.DataFrame:
+        """layer x head table of labels for one split (the first by default)."""
+        t = self.table
+        split = split or t.split.iloc[0]
+        return t[t.split == split].pivot(index="layer", columns="head", values="label")
+
+    def figure(self, split: str | None = None):
+        """Layer x head grid coloured by label, every score in the hover text."""
+        import plotly.graph_objects as go
+
+        t = self.table
+        split = split or t.split.iloc[0]
+        t = t[t.split == split]
+        code = {k: i for i, k in enumerate(KINDS)}
+        z = t.pivot(index="layer", columns="head", values="label")
+        hover = t.assign(
+            text=t.apply(
+                lambda r: (
+                    f"L{r.layer} H{r['head']}: {r.label}<br>"
+                    + "<br>".join(f"{k} {r[k]:.3f}" for k in KINDS)
+                ),
+                axis=1,
+            )
+        ).pivot(index="layer", columns="head", values="text")
+        fig = go.Figure(
+            go.Heatmap(
+                z=z.apply(lambda col: col.map(code)).astype(float).values,
+                x=[f"head {h}" for h in z.columns],
+                y=[f"layer {lay}" for lay in z.index],
+                text=z.values,
+                texttemplate="%{text}",
+                hovertext=hover.values,
+                hoverinfo="text",
+                zmin=0,
+                zmax=len(KINDS) - 1,
+                colorscale="Turbo",
+                showscale=False,
+            )
+        )
+        fig.update_yaxes(autorange="reversed")
+        fig.update_layout(title=f"{self.meta.get('title') or self.title} ({split})")
+        return fig
+
+
+def classify_heads(
+    model,
+    data=None,
+    *,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+    id_lengths: tuple[int, int] | None = None,
+    ood_lengths: tuple[int, int] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    tokenizer=None,
+    n_eval: int = 128,
+    seed: int = 0,
+    max_cache_mb: float = 256,
+    title: str | None = None,
+) -> HeadTaxonomy:
+    """Score and label every head (sink, previous_token, local, uniform, distance, content).
+
+    `model` and `data` as for `attention_sinks`. Scores, thresholds and the labelling rule: module
+    docstring (named constants THRESHOLDS, LABEL_ORDER, LOCAL_WINDOW, MIN_KEYS).
+    """
+    stats, sets, mi = _attention_stats(
+        model,
+        data,
+        layers=layers,
+        with_scores=True,
+        batch_size=batch_size,
+        max_cache_mb=max_cache_mb,
+        progress=progress,
+        desc="heads",
+        id_lengths=id_lengths,
+        ood_lengths=ood_lengths,
+        attention_mask=attention_mask,
+        lengths=lengths,
+        tokenizer=tokenizer,
+        n_eval=n_eval,
+        seed=seed,
+    )
+    rows = []
+    for split, per_layer in stats.items():
+        for layer, (pst, dst) in per_layer.items():
+            lifts = pst.lifts()
+            r2, _ = dst.solve()
+            for h in range(pst.H):
+                constant = not float(dst.ss_tot[h]) > 0  # no logit variation to explain
+                dist = 0.0 if constant else float(r2[h])
+                scores = {k: float(lifts[k][h]) for k in ("sink", "previous_token", "local")}
+                scores["uniform"] = float(lifts["uniform"][h])
+                scores["distance"] = dist
+                scores["content"] = 0.0 if constant else 1.0 - dist
+                rows.append(
+                    {
+                        "split": split,
+                        "layer": layer,
+                        "head": h,
+                        **scores,
+                        "label": label_head(scores),
+                        "n_rows": lifts["n_rows"],
+                    }
+                )
+    meta = _meta(sets, list(next(iter(stats.values()))), title or describe(mi, "Head taxonomy"))
+    meta.update(
+        thresholds=THRESHOLDS,
+        label_order=list(LABEL_ORDER),
+        local_window=LOCAL_WINDOW,
+        min_keys=MIN_KEYS,
+    )
+    return HeadTaxonomy(pd.DataFrame(rows, columns=TAXONOMY_COLUMNS), meta)
+
+
+__all__ = [
+    "DISTANCE_THRESHOLD",
+    "KINDS",
+    "LABEL_ORDER",
+    "LOCAL_THRESHOLD",
+    "LOCAL_WINDOW",
+    "MIN_KEYS",
+    "PREVIOUS_TOKEN_THRESHOLD",
+    "SINK_THRESHOLD",
+    "THRESHOLDS",
+    "UNIFORM_THRESHOLD",
+    "HeadTaxonomy",
+    "PatternStats",
+    "SinkResult",
+    "attention_sinks",
+    "classify_heads",
+    "label_head",
+]
