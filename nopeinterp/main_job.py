@@ -235,6 +235,7 @@ def run_main_job(
     distance_pes=("all",),
     n_per_length=10,
     explorer_per_split=3,
+    n_heads=32,
     progress=True,
 ) -> Path:
     """Run every analysis and write `<out>/index.html` (returned); see the module docstring.
@@ -393,10 +394,31 @@ def run_main_job(
                 ),
             ).add(data)
 
-    # Issue 17 (head taxonomy: nopeinterp.probing.heads; position erasure:
-    # nopeinterp.probing.erasure) adds its sections here, once those modules run on the data
-    # layer above: page.section("Heads: sinks, dilution, taxonomy", ...), page.section(
-    # "Erasing position", ...).
+    # Head taxonomy (issue 17): what dominates each head, per seed-0 checkpoint. Position
+    # erasure is too slow for the main job; its results are in analyses/results/causal_*.
+    from nopeinterp.probing import classify_heads
+    from nopeinterp.probing.heads import KINDS
+
+    rows = []
+    for e in entries:
+        if e.seed != 0:
+            continue
+        tax = classify_heads(ckpts[e.name], n_eval=n_heads, progress=progress)
+        t = tax.table[tax.table.split == tax.table.split.iloc[0]]
+        counts = t.label.value_counts()
+        rows.append({"task": e.task, "pe": e.pe, **{k: int(counts.get(k, 0)) for k in KINDS}})
+    heads = pd.DataFrame(rows)
+    _print("Head taxonomy (heads per label, ID split)", heads)
+    positional = [k for k in KINDS if k != "content"]
+    nope = heads[heads.pe == "nope"]
+    page.section(
+        "Heads: what dominates each head (issue 17)",
+        verdict=(
+            f"NoPE: {int(nope[positional].to_numpy().sum())} of "
+            f"{int(nope[list(KINDS)].to_numpy().sum())} heads are positional "
+            f"({', '.join(positional)}); labels and thresholds: nopeinterp.probing.heads"
+        ),
+    ).add(heads)
 
     index = page.write(out / "index.html", max_bytes=PAGE_MAX_BYTES)
     print(f"\nreport written to {index} ({index.stat().st_size / 2**20:.1f} MiB)")

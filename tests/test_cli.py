@@ -117,9 +117,11 @@ def test_main_job_report(ckpt_dir, tmp_path, capsys):
         "Theorem 2: relative distance in later layers",
         "Attention similarity: what NoPE learns (claim 4)",
         "Attention explorer",
+        "Heads: what dominates each head (issue 17)",
     ):
         assert f"<h2>{title}</h2>" in page
-    assert page.count("class='verdict'") == 5
+    assert page.count("class='verdict'") == 6
+    assert "Head taxonomy" in printed
     # the tables behind the page, as data; one HTML file (the page), not one per analysis
     assert (out / "attention_similarity_copy" / "attention_similarity_ranking.csv").exists()
     assert (out / "length_generalization" / "accuracy_by_length.csv").exists()
