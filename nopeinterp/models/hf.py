@@ -1,0 +1,363 @@
+"""Hugging Face causal LMs as HookedTransformers: `from_hf(model_or_local_dir)`.
+
+Supported: GPT-2 (learned APE), GPT-NeoX / Pythia (rotary on part of each head), Bloom
+(ALiBi), Llama, Mistral and Qwen2 (rotary, grouped-query attention). The weights go through
+TransformerLens 3.9's own converters (`transformer_lens.pretrained.weight_conversions`); the
+HookedTransformerConfig is built here from the transformers config, because TL's
+`convert_hf_model_config` wants a hub name or directory (not an in-memory model) and fails on
+GPT-2 under transformers 5 (no `n_ctx`).
+
+Nothing is folded or centred: the converted model computes what the Hugging Face one does, in
+the same basis, so `hook_resid_*` are the Hugging Face hidden states. (TL's LayerNorm folding
+into the unembedding also goes wrong when d_vocab == d_model.)
+
+Nothing downloads: a directory is read with `from_pretrained(dir, local_files_only=True)`,
+never with remote code, and a tokenizer is attached as given (TL's `set_tokenizer` would
+re-load it by name). The converted model records what the analyses need as plain attributes:
+`pe` (one of nopeinterp's PE names, e.g. "rotary"), `layer_pes` (that PE per layer),
+`pe_options` and `hf_architecture`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nopeinterp._tl import (
+    Attention,
+    HookedTransformer,
+    HookedTransformerConfig,
+    tl_deprecation_silenced,
+)
+from nopeinterp.errors import NopeinterpError
+from nopeinterp.models.alibi import alibi_slopes
+
+# Rotary and ALiBi models have no hard length limit, but TL keeps an n_ctx x n_ctx causal mask
+# per layer (and a rotary table of n_ctx rows): their context is capped at this by default.
+DEFAULT_MAX_CTX = 2048
+
+# transformers activation names -> TL's (only those whose formulas agree).
+_ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_new",
+    "gelu_fast": "gelu_fast",
+    "gelu_pytorch_tanh": "gelu_pytorch_tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+
+
+class HFModelError(NopeinterpError, ValueError):
+    """A Hugging Face model or directory that from_hf cannot convert faithfully."""
+
+
+class BloomAttention(Attention):
+    """TL attention with BLOOM's ALiBi slopes for any number of heads.
+
+    TL 3.9 computes ALiBi slopes for a power-of-two head count only (BLOOM-176B has 112
+    heads); its forward caches `self.alibi` and rebuilds it when a longer input comes. Every
+    tensor it stores there is rebuilt here, same shape, with `alibi_slopes` (BLOOM's rule).
+    """
+
+    @property
+    def alibi(self):
+        return self._alibi
+
+    @alibi.setter
+    def alibi(self, value):
+        if value is not None:
+            distance = Attention.create_alibi_slope(value.size(-1), value.device)  # -(q - k)
+            slopes = alibi_slopes(self.cfg.n_heads).to(value.device, value.dtype)
+            value = slopes[:, None, None] * distance.to(value.dtype)
+        self._alibi = value
+
+
+@dataclass(frozen=True)
+class _Family:
+    pe: str  # nopeinterp's name for the family's positional encoding
+    converter: str  # function name in transformer_lens.pretrained.weight_conversions
+    config: Any  # hf_config -> HookedTransformerConfig keyword arguments
+
+
+def _require(ok: bool, arch: str, what: str) -> None:
+    if not ok:
+        raise HFModelError(f"{arch}: {what} is not supported by from_hf")
+
+
+def _act(hf_config, arch: str, name: str) -> str:
+    act = getattr(hf_config, name)
+    _require(act in _ACTIVATIONS, arch, f"activation {act!r}")
+    return _ACTIVATIONS[act]
+
+
+def _rope(hf_config, arch: str) -> tuple[float, float]:
+    """(rope_theta, partial_rotary_factor) of a transformers config (v5 `rope_parameters`, or
+    the older top-level fields). Only unscaled RoPE is supported."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    scaling = getattr(hf_config, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+    _require(rope_type == "default", arch, f"RoPE scaling {rope_type!r}")
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    fraction = params.get(
+        "partial_rotary_factor",
+        getattr(hf_config, "partial_rotary_factor", getattr(hf_config, "rotary_pct", 1.0)),
+    )
+    _require(theta is not None, arch, "a config without rope_theta")
+    return float(theta), float(fraction)
+
+
+def _ctx(limit: int | None, n_ctx: int | None, arch: str, hard: bool) -> int:
+    """The TL context: `n_ctx` if given, else the model's limit capped at DEFAULT_MAX_CTX."""
+    if n_ctx is None:
+        return min(limit or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+    if n_ctx < 1:
+        raise HFModelError(f"n_ctx must be positive, got {n_ctx}")
+    if hard and limit is not None and n_ctx > limit:
+        raise HFModelError(f"{arch}: n_ctx={n_ctx} exceeds its {limit} learned positions")
+    return n_ctx
+
+
+def _gpt2_config(c, arch, n_ctx):
+    _require(not getattr(c, "add_cross_attention", False), arch, "cross-attention")
+    return {
+        "d_model": c.n_embd,
+        "d_head": c.n_embd // c.n_head,
+        "n_heads": c.n_head,
+        "d_mlp": c.n_inner or 4 * c.n_embd,
+        "n_layers": c.n_layer,
+        "n_ctx": n_ctx if n_ctx is not None else c.n_positions,
+        "eps": c.layer_norm_epsilon,
+        "d_vocab": c.vocab_size,
+        "act_fn": _act(c, arch, "activation_function"),
+        "use_attn_scale": c.scale_attn_weights,
+        "scale_attn_by_inverse_layer_idx": c.scale_attn_by_inverse_layer_idx,
+        "normalization_type": "LN",
+        "positional_embedding_type": "standard",
+    }
+
+
+def _neox_config(c, arch, n_ctx):
+    _require(getattr(c, "attention_bias", True), arch, "attention_bias=False")
+    theta, fraction = _rope(c, arch)
+    d_head = c.hidden_size // c.num_attention_heads
+    return {
+        "d_model": c.hidden_size,
+        "d_head": d_head,
+        "n_heads": c.num_attention_heads,
+        "d_mlp": c.intermediate_size,
+        "n_layers": c.num_hidden_layers,
+        "n_ctx": n_ctx,
+        "eps": c.layer_norm_eps,
+        "d_vocab": c.vocab_size,
+        "act_fn": _act(c, arch, "hidden_act"),
+        "parallel_attn_mlp": c.use_parallel_residual,
+        "normalization_type": "LN",
+        "positional_embedding_type": "rotary",
+        "rotary_dim": int(d_head * fraction),
+        "rotary_base": theta,
+        "rotary_adjacent_pairs": False,
+    }
+
+
+def _bloom_config(c, arch, n_ctx):
+    _require(
+        not c.apply_residual_connection_post_layernorm,
+        arch,
+        "apply_residual_connection_post_layernorm=True",
+    )
+    return {
+        "d_model": c.hidden_size,
+        "d_head": c.hidden_size // c.n_head,
+        "n_heads": c.n_head,
+        "d_mlp": 4 * c.hidden_size,
+        "n_layers": c.n_layer,
+        "n_ctx": n_ctx,
+        "eps": c.layer_norm_epsilon,
+        "d_vocab": c.vocab_size,
+        "act_fn": "gelu_fast",  # Bloom's own tanh GELU, hard-coded in transformers
+        "normalization_type": "LN",
+        "post_embedding_ln": True,
+        "positional_embedding_type": "alibi",
+    }
+
+
+def _llama_config(c, arch, n_ctx):
+    _require(not getattr(c, "attention_bias", False), arch, "attention_bias=True")
+    _require(not getattr(c, "mlp_bias", False), arch, "mlp_bias=True")
+    window = getattr(c, "sliding_window", None)
+    # Mistral slides its window in every layer (TL: local attention over the last `window`
+    # keys, as transformers' mask); Qwen2 only in some, which TL cannot express.
+    _require(window is None or arch == "MistralForCausalLM", arch, "sliding-window attention")
+    theta, fraction = _rope(c, arch)
+    d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    n_kv = c.num_key_value_heads or c.num_attention_heads
+    return {
+        "d_model": c.hidden_size,
+        "d_head": d_head,
+        "n_heads": c.num_attention_heads,
+        # TL's Mistral and Qwen2 converters always write grouped K/V weights.
+        "n_key_value_heads": n_kv
+        if n_kv != c.num_attention_heads or arch != "LlamaForCausalLM"
+        else None,
+        "d_mlp": c.intermediate_size,
+        "n_layers": c.num_hidden_layers,
+        "n_ctx": n_ctx,
+        "eps": c.rms_norm_eps,
+        "d_vocab": c.vocab_size,
+        "act_fn": _act(c, arch, "hidden_act"),
+        "normalization_type": "RMS",
+        "final_rms": True,
+        "gated_mlp": True,
+        "positional_embedding_type": "rotary",
+        "rotary_dim": int(d_head * fraction),
+        "rotary_base": theta,
+        "rotary_adjacent_pairs": False,
+        **(
+            {"use_local_attn": True, "attn_types": ["local"] * c.num_hidden_layers}
+            if window is not None
+            else {}
+        ),
+        "window_size": window,
+    }
+
+
+FAMILIES: dict[str, _Family] = {
+    "GPT2LMHeadModel": _Family("ape", "convert_gpt2_weights", _gpt2_config),
+    "GPTNeoXForCausalLM": _Family("rotary", "convert_neox_weights", _neox_config),
+    "BloomForCausalLM": _Family("alibi", "convert_bloom_weights", _bloom_config),
+    "LlamaForCausalLM": _Family("rotary", "convert_llama_weights", _llama_config),
+    "MistralForCausalLM": _Family("rotary", "convert_mistral_weights", _llama_config),
+    "Qwen2ForCausalLM": _Family("rotary", "convert_qwen2_weights", _llama_config),
+}
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+
+
+def _family(arch: str | None) -> _Family:
+    if arch not in FAMILIES:
+        raise HFModelError(
+            f"unsupported architecture {arch!r}; from_hf supports "
+            + ", ".join(SUPPORTED_ARCHITECTURES)
+        )
+    return FAMILIES[arch]
+
+
+def _context_limit(hf_config) -> int | None:
+    for name in ("n_positions", "max_position_embeddings", "seq_length"):
+        if getattr(hf_config, name, None):
+            return int(getattr(hf_config, name))
+    return None
+
+
+def _load_dir(path: Path, tokenizer):
+    """(hf_model, tokenizer) from a save_pretrained directory, refusing unsupported ones
+    before reading any weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if not path.is_dir():
+        raise HFModelError(
+            f"{path} is not a local directory (from_hf reads save_pretrained files and never "
+            "downloads)"
+        )
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise HFModelError(f"{path}: not a readable Hugging Face model directory ({err})") from None
+    _family((getattr(config, "architectures", None) or [None])[0])
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(
+            path, config=config, local_files_only=True, trust_remote_code=False
+        )
+    except (OSError, ValueError, KeyError) as err:
+        raise HFModelError(f"{path}: could not load the weights ({err})") from None
+    if tokenizer is None and any(
+        (path / name).exists()
+        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+    ):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError, KeyError) as err:
+            raise HFModelError(f"{path}: could not load the tokenizer ({err})") from None
+    return hf, tokenizer
+
+
+def from_hf(
+    model_or_local_dir,
+    *,
+    tokenizer=None,
+    device: str | torch.device | None = None,
+    n_ctx: int | None = None,
+) -> HookedTransformer:
+    """A HookedTransformer computing what a Hugging Face causal LM computes, with TL hook names.
+
+    `model_or_local_dir`: a transformers model (e.g. `GPT2LMHeadModel`) or a directory written
+    by `save_pretrained`. `tokenizer`: attached as is (default: the directory's own, if any).
+    `device`: default the Hugging Face model's device (cpu for a directory). `n_ctx`: the longest
+    input; default the model's own limit, capped at DEFAULT_MAX_CTX for rotary and ALiBi
+    models (GPT-2's learned positions are a hard limit). Weights keep their dtype.
+    Supported architectures: SUPPORTED_ARCHITECTURES; anything else raises HFModelError.
+    """
+    from transformers import PreTrainedModel
+    from transformer_lens.pretrained import weight_conversions
+
+    if isinstance(model_or_local_dir, str | os.PathLike):
+        hf, tokenizer = _load_dir(Path(model_or_local_dir), tokenizer)
+    elif isinstance(model_or_local_dir, PreTrainedModel):
+        hf = model_or_local_dir
+    else:
+        raise HFModelError(
+            "from_hf takes a transformers model or a local directory, got "
+            f"{type(model_or_local_dir).__name__}"
+        )
+    arch = type(hf).__name__
+    family = _family(arch)
+    hf_config = hf.config
+    limit = _context_limit(hf_config)
+    ctx = _ctx(limit, n_ctx, arch, hard=family.pe == "ape")
+    param = next(hf.parameters())
+    cfg = HookedTransformerConfig(
+        **family.config(hf_config, arch, ctx),
+        original_architecture=arch,
+        dtype=param.dtype,
+        device=str(device if device is not None else param.device),
+        default_prepend_bos=False,  # inputs are token tensors; a tokenizer's template decides
+        init_weights=False,  # every weight is overwritten below
+    )
+    with torch.no_grad():
+        state_dict = getattr(weight_conversions, family.converter)(hf, cfg)
+        with tl_deprecation_silenced():
+            model = HookedTransformer(cfg, move_to_device=False)
+        if family.pe == "alibi":
+            for layer, block in enumerate(model.blocks):
+                block.attn = BloomAttention(cfg, "global", layer)
+            model.setup()  # re-name the hook points of the new modules
+        if "pos_embed" in model._modules and "pos_embed.W_pos" not in state_dict:
+            state_dict["pos_embed.W_pos"] = torch.zeros_like(model.pos_embed.W_pos)  # unused
+        model.load_and_process_state_dict(
+            {k: v.detach().clone() for k, v in state_dict.items()},
+            fold_ln=False,
+            center_writing_weights=False,
+            center_unembed=False,
+            fold_value_biases=False,
+            refactor_factored_attn_matrices=False,
+        )
+    model.to(cfg.device, print_details=False)
+    if tokenizer is not None:
+        model.tokenizer = tokenizer  # not set_tokenizer: that re-loads it by name
+        model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
+    model.pe = family.pe
+    model.layer_pes = (family.pe,) * cfg.n_layers
+    model.pe_options = (
+        {"fraction": cfg.rotary_dim / cfg.d_head, "base": cfg.rotary_base}
+        if family.pe == "rotary"
+        else {}
+    )
+    model.hf_architecture = arch
+    return model.eval()
+
+
+__all__ = ["DEFAULT_MAX_CTX", "SUPPORTED_ARCHITECTURES", "HFModelError", "from_hf"]
