@@ -267,7 +267,14 @@ def _load_dir(path: Path, tokenizer):
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
         raise HFModelError(f"{path}: not a readable Hugging Face model directory ({err})") from None
-    _family((getattr(config, "architectures", None) or [None])[0])
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    architectures = getattr(config, "architectures", None)  # None when only a config was saved
+    _family(
+        architectures[0]
+        if architectures
+        else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+    )
     try:
         hf = AutoModelForCausalLM.from_pretrained(
             path, config=config, local_files_only=True, trust_remote_code=False
@@ -301,8 +308,8 @@ def from_hf(
     models (GPT-2's learned positions are a hard limit). Weights keep their dtype.
     Supported architectures: SUPPORTED_ARCHITECTURES; anything else raises HFModelError.
     """
-    from transformers import PreTrainedModel
     from transformer_lens.pretrained import weight_conversions
+    from transformers import PreTrainedModel
 
     if isinstance(model_or_local_dir, str | os.PathLike):
         hf, tokenizer = _load_dir(Path(model_or_local_dir), tokenizer)
