@@ -16,6 +16,7 @@ _EXPORTS = {
     "PE_TYPES": "nopeinterp.models",
     "build_model": "nopeinterp.models",
     "model_config": "nopeinterp.models",
+    "from_hf": "nopeinterp.models.hf",
     "Checkpoint": "nopeinterp.checkpoint",
     "load_checkpoint": "nopeinterp.checkpoint",
     "save_checkpoint": "nopeinterp.checkpoint",

@@ -10,6 +10,7 @@ from nopeinterp._tl import HookedTransformerConfig
 from nopeinterp.models.alibi import ALiBiTransformer, alibi_slopes
 from nopeinterp.models.ape import LearnedAPETransformer, SinusoidalTransformer
 from nopeinterp.models.base import PEAttention, PETransformer
+from nopeinterp.models.hf import from_hf
 from nopeinterp.models.nope import NoPETransformer
 from nopeinterp.models.rotary import RotaryTransformer, rotary_dim
 from nopeinterp.models.t5 import T5Transformer, t5_bucket_ids
@@ -115,6 +116,7 @@ __all__ = [
     "PETransformer",
     "alibi_slopes",
     "build_model",
+    "from_hf",
     "model_config",
     "rotary_dim",
     "t5_bucket_ids",
