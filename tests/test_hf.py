@@ -301,6 +301,25 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     one_line_error(lambda: from_hf(tmp_path), "could not load the weights")
 
 
+class _RunsCode:
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_pickled_weights_never_run_code(tmp_path):
+    """A pytorch_model.bin whose pickle would create a file is refused, and nothing runs."""
+    evil = _RunsCode()
+    evil.path = str(tmp_path / "ran")
+    model_dir = tmp_path / "model"
+    tiny_hf("gpt2").config.save_pretrained(model_dir)
+    torch.save({"transformer.wte.weight": evil}, model_dir / "pytorch_model.bin")
+    one_line_error(lambda: from_hf(model_dir), "could not load the weights")
+    assert not (tmp_path / "ran").exists()
+    # and the payload is real: unrestricted unpickling does run it
+    torch.load(model_dir / "pytorch_model.bin", weights_only=False)
+    assert (tmp_path / "ran").exists()
+
+
 @pytest.mark.parametrize(
     "name, overrides, what",
     [

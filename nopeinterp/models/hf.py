@@ -21,6 +21,7 @@ re-load it by name). The converted model records what the analyses need as plain
 from __future__ import annotations
 
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,11 @@ def _family(arch: str | None) -> _Family:
     return FAMILIES[arch]
 
 
+def _reason(err: Exception) -> str:
+    """The first line of an exception from transformers or torch, for a one-line message."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 def _context_limit(hf_config) -> int | None:
     for name in ("n_positions", "max_position_embeddings", "seq_length"):
         if getattr(hf_config, name, None):
@@ -266,7 +272,9 @@ def _load_dir(path: Path, tokenizer):
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
-        raise HFModelError(f"{path}: not a readable Hugging Face model directory ({err})") from None
+        raise HFModelError(
+            f"{path}: not a readable Hugging Face model directory ({_reason(err)})"
+        ) from None
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     architectures = getattr(config, "architectures", None)  # None when only a config was saved
@@ -277,10 +285,14 @@ def _load_dir(path: Path, tokenizer):
     )
     try:
         hf = AutoModelForCausalLM.from_pretrained(
-            path, config=config, local_files_only=True, trust_remote_code=False
+            path,
+            config=config,
+            local_files_only=True,
+            trust_remote_code=False,
+            weights_only=True,  # a pickled checkpoint may hold tensors only, never code
         )
-    except (OSError, ValueError, KeyError) as err:
-        raise HFModelError(f"{path}: could not load the weights ({err})") from None
+    except (OSError, ValueError, KeyError, pickle.UnpicklingError) as err:
+        raise HFModelError(f"{path}: could not load the weights ({_reason(err)})") from None
     if tokenizer is None and any(
         (path / name).exists()
         for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
@@ -288,7 +300,7 @@ def _load_dir(path: Path, tokenizer):
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError, KeyError) as err:
-            raise HFModelError(f"{path}: could not load the tokenizer ({err})") from None
+            raise HFModelError(f"{path}: could not load the tokenizer ({_reason(err)})") from None
     return hf, tokenizer
 
 
