@@ -334,3 +334,15 @@ def test_pickled_weights_never_run_code(tmp_path):
 def test_unsupported_options_are_refused(name, overrides, what):
     hf = tiny_hf(name, **overrides)
     one_line_error(lambda: from_hf(hf), what)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bloom", "neox"])
+def test_dtype_and_device_are_kept(name):
+    hf = tiny_hf(name).to(torch.float64)
+    model = from_hf(hf, device="cpu")
+    assert model.cfg.dtype == torch.float64
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    assert model.cfg.device == "cpu"
+    toks = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(model(toks), hf(toks).logits, atol=ATOL, rtol=0)
