@@ -176,13 +176,13 @@ def test_local_directory_round_trip(name, tmp_path):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_pe_metadata_and_hooks(name):
-    """What the analyses read without TL: pe, layer_pes, cfg; hook values are transformers'
+    """What the analyses read without TL: pe, layer_pe, cfg; hook values are transformers'
     hidden states (nothing folded or centred)."""
     hf = tiny_hf(name)
     model = from_hf(hf)
     pe = EXPECTED_PE[name.split("-")[0]]
     assert model.pe == pe
-    assert model.layer_pes == (pe,) * hf.config.num_hidden_layers
+    assert model.layer_pe == [pe] * hf.config.num_hidden_layers
     assert model.cfg.positional_embedding_type == EXPECTED_TL_PE[pe]
     toks = tokens()
     with torch.no_grad():

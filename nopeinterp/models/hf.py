@@ -14,7 +14,7 @@ into the unembedding also goes wrong when d_vocab == d_model.)
 Nothing downloads: a directory is read with `from_pretrained(dir, local_files_only=True)`,
 never with remote code, and a tokenizer is attached as given (TL's `set_tokenizer` would
 re-load it by name). The converted model records what the analyses need as plain attributes:
-`pe` (one of nopeinterp's PE names, e.g. "rotary"), `layer_pes` (that PE per layer),
+`pe` (one of nopeinterp's PE names, e.g. "rotary"), `layer_pe` (a list: that PE per layer, as on our own models),
 `pe_options` and `hf_architecture`.
 """
 
@@ -369,7 +369,7 @@ def from_hf(
         model.tokenizer = tokenizer  # not set_tokenizer: that re-loads it by name
         model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
     model.pe = family.pe
-    model.layer_pes = (family.pe,) * cfg.n_layers
+    model.layer_pe = [family.pe] * cfg.n_layers
     model.pe_options = (
         {"fraction": cfg.rotary_dim / cfg.d_head, "base": cfg.rotary_base}
         if family.pe == "rotary"
