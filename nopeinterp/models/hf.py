@@ -13,9 +13,9 @@ into the unembedding also goes wrong when d_vocab == d_model.)
 
 Nothing downloads: a directory is read with `from_pretrained(dir, local_files_only=True)`,
 never with remote code, and a tokenizer is attached as given (TL's `set_tokenizer` would
-re-load it by name). The converted model records what the analyses need as plain attributes:
-`pe` (one of nopeinterp's PE names, e.g. "rotary"), `layer_pe` (a list: that PE per layer, as on our own models),
-`pe_options` and `hf_architecture`.
+re-load it by name). The converted model records what the analyses need as plain
+attributes: `pe` (one of nopeinterp's PE names, e.g. "rotary"), `layer_pe` (a list: that PE
+per layer, as on our own models), `pe_options` and `hf_architecture`.
 """
 
 from __future__ import annotations
@@ -357,7 +357,7 @@ def from_hf(
         if "pos_embed" in model._modules and "pos_embed.W_pos" not in state_dict:
             state_dict["pos_embed.W_pos"] = torch.zeros_like(model.pos_embed.W_pos)  # unused
         model.load_and_process_state_dict(
-            {k: v.detach().clone() for k, v in state_dict.items()},
+            state_dict,  # copied key by key into the new parameters: nothing is shared
             fold_ln=False,
             center_writing_weights=False,
             center_unembed=False,
