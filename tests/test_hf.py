@@ -170,10 +170,12 @@ def test_left_padding_matches_transformers(name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_local_directory_round_trip(name, tmp_path):
+def test_local_directory_round_trip(name, tmp_path, capfd):
     hf = tiny_hf(name)
     hf.save_pretrained(tmp_path)
+    capfd.readouterr()
     model = from_hf(tmp_path)
+    assert capfd.readouterr() == ("", "")  # no progress bars, no device messages
     assert_logits_match(model, hf, tokens())
     assert model.tokenizer is None  # none was saved
     assert model.hf_architecture == type(hf).__name__

@@ -20,6 +20,7 @@ per layer, as on our own models), `pe_options` and `hf_architecture`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 from dataclasses import dataclass
@@ -259,6 +260,20 @@ def _context_limit(hf_config) -> int | None:
     return None
 
 
+@contextlib.contextmanager
+def _quiet_loading():
+    """No transformers progress bars on stderr while a directory loads (restored after)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _load_dir(path: Path, tokenizer):
     """(hf_model, tokenizer) from a save_pretrained directory, refusing unsupported ones
     before reading any weights."""
@@ -284,13 +299,14 @@ def _load_dir(path: Path, tokenizer):
         else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
     )
     try:
-        hf = AutoModelForCausalLM.from_pretrained(
-            path,
-            config=config,
-            local_files_only=True,
-            trust_remote_code=False,
-            weights_only=True,  # a pickled checkpoint may hold tensors only, never code
-        )
+        with _quiet_loading():
+            hf = AutoModelForCausalLM.from_pretrained(
+                path,
+                config=config,
+                local_files_only=True,
+                trust_remote_code=False,
+                weights_only=True,  # a pickled checkpoint may hold tensors only, never code
+            )
     except (OSError, ValueError, KeyError, pickle.UnpicklingError) as err:
         raise HFModelError(f"{path}: could not load the weights ({_reason(err)})") from None
     if tokenizer is None and any(
