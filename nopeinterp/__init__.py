@@ -17,6 +17,8 @@ _EXPORTS = {
     "build_model": "nopeinterp.models",
     "model_config": "nopeinterp.models",
     "from_hf": "nopeinterp.models.hf",
+    "layer_pes": "nopeinterp.models",
+    "set_rope_scaling": "nopeinterp.models",
     "Checkpoint": "nopeinterp.checkpoint",
     "load_checkpoint": "nopeinterp.checkpoint",
     "save_checkpoint": "nopeinterp.checkpoint",

@@ -12,6 +12,7 @@ import warnings
 from transformer_lens import ActivationCache, HookedTransformer, HookedTransformerConfig
 from transformer_lens.components import Attention, LayerNorm, TransformerBlock
 from transformer_lens.hook_points import HookPoint
+from transformer_lens.utilities import get_offset_position_ids
 
 
 @contextlib.contextmanager
@@ -31,5 +32,6 @@ __all__ = [
     "HookedTransformerConfig",
     "LayerNorm",
     "TransformerBlock",
+    "get_offset_position_ids",
     "tl_deprecation_silenced",
 ]

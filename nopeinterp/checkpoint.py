@@ -21,7 +21,13 @@ from pathlib import Path
 import torch
 
 from nopeinterp.errors import CheckpointError
-from nopeinterp.models import ARCH_DEFAULTS, PE_TYPES, build_model, model_config
+from nopeinterp.models import (
+    ARCH_DEFAULTS,
+    PE_TYPES,
+    build_model,
+    model_config,
+    set_rope_scaling,
+)
 
 FORMAT = "nopeinterp-checkpoint"
 FORMAT_VERSION = 1
@@ -162,8 +168,10 @@ def _read(path: Path) -> dict:
     return data
 
 
-def load_checkpoint(path) -> Checkpoint:
-    """Load a checkpoint; returns `.model` (eval mode), `.tokenizer`, `.meta`.
+def load_checkpoint(path, device=None, rope_scaling=None) -> Checkpoint:
+    """Load a checkpoint; returns `.model` (eval mode, on `device`: see build_model),
+    `.tokenizer`, `.meta`. `rope_scaling`: RoPE scaling for a rotary model (see
+    nopeinterp.models.set_rope_scaling).
 
     `.meta` holds "pe", "config" and whatever was saved with it (task, seed, step, ...).
     Raises CheckpointError with a one-line message for any bad file.
@@ -184,7 +192,9 @@ def load_checkpoint(path) -> Checkpoint:
         )
     tokenizer = tokenizer_from_json(data["tokenizer"]) if data.get("tokenizer") else None
     try:
-        model = build_model(pe, tokenizer=tokenizer, **{**ARCH_DEFAULTS, **config})
+        model = build_model(pe, tokenizer=tokenizer, device=device, **{**ARCH_DEFAULTS, **config})
+        if rope_scaling is not None:
+            set_rope_scaling(model, rope_scaling)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: invalid model config: {e}") from None
     _load_weights(model, data.get("state_dict"), path)

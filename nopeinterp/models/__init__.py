@@ -1,36 +1,52 @@
-"""The model zoo: one decoder-only HookedTransformer per positional encoding."""
+"""The model zoo: decoder-only HookedTransformers with a positional encoding per layer."""
 
 from __future__ import annotations
-
-import inspect
 
 import torch
 
 from nopeinterp._tl import HookedTransformerConfig
-from nopeinterp.models.alibi import ALiBiTransformer, alibi_slopes
-from nopeinterp.models.ape import LearnedAPETransformer, SinusoidalTransformer
+from nopeinterp.models.alibi import alibi_slopes
 from nopeinterp.models.base import PEAttention, PETransformer
 from nopeinterp.models.hf import from_hf
-from nopeinterp.models.nope import NoPETransformer
-from nopeinterp.models.rotary import RotaryTransformer, rotary_dim
-from nopeinterp.models.t5 import T5Transformer, t5_bucket_ids
+from nopeinterp.models.registry import LAYER_PES, MODEL_CLASSES
+from nopeinterp.models.rotary import check_rope_scaling, rope_frequencies, rotary_dim
+from nopeinterp.models.t5 import t5_bucket_ids
 
-MODEL_CLASSES: dict[str, type[PETransformer]] = {
-    cls.pe: cls
-    for cls in (
-        NoPETransformer,
-        T5Transformer,
-        ALiBiTransformer,
-        RotaryTransformer,
-        LearnedAPETransformer,
-        SinusoidalTransformer,
-    )
-}
-PE_TYPES = ("nope", "t5", "alibi", "rotary", "ape", "sinusoidal")
+# The paper's five encodings (and learned APE), then the newer ones.
+PAPER_PE_TYPES = ("nope", "t5", "alibi", "rotary", "ape", "sinusoidal")
+PE_TYPES = (*PAPER_PE_TYPES, "fire", "kerple")
+LAYER_PE_TYPES = tuple(LAYER_PES)  # the PEs a model may mix per layer (`layer_pe=`)
 assert tuple(MODEL_CLASSES) == PE_TYPES
 
 # build_model's architecture arguments: what a checkpoint's "config" records.
-ARCH_DEFAULTS = {"d_mlp": None, "seed": 0, "act_fn": "relu", "attn_scale": None}
+ARCH_DEFAULTS = {
+    "d_mlp": None,
+    "seed": 0,
+    "act_fn": "relu",
+    "attn_scale": None,
+    "layer_pe": None,
+    "dropout": 0.0,
+}
+
+# TL's positional_embedding_type -> our PE name, for stock HookedTransformers.
+_TL_PE_NAMES = {
+    "standard": "ape",
+    "rotary": "rotary",
+    "alibi": "alibi",
+    "relative_positional_bias": "t5",
+    "shortformer": "shortformer",
+}
+
+
+def resolve_device(device=None) -> torch.device:
+    """None or "auto": cuda if available, else mps if available, else cpu; else `device`."""
+    if device is None or device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    return torch.device(device)
 
 
 def build_model(
@@ -45,6 +61,9 @@ def build_model(
     seed: int = 0,
     act_fn: str = "relu",
     attn_scale: bool | None = None,
+    layer_pe: list[str] | None = None,
+    dropout: float = 0.0,
+    device=None,
     tokenizer=None,
     **pe_options,
 ) -> PETransformer:
@@ -53,18 +72,44 @@ def build_model(
     Pre-LayerNorm blocks, MLP width `d_mlp` (default 4*d_model), heads of d_model/n_heads.
     `n_ctx` is the training context; only learned `ape` is limited by it.
     `attn_scale`: divide logits by sqrt(d_head) (default True; the paper, T5-style, does not).
+    `layer_pe`: one PE per layer from LAYER_PE_TYPES (e.g. ["rotary"] * 3 + ["nope"], a
+    SmolLM3-style stack); `pe` must be one of them (it names the model). Default: `pe` in
+    every layer.
+    `dropout`: on the embeddings, the attention weights and the attention and MLP outputs, in
+    training mode (the paper: 0.1).
+    `device`: where the model lives (None: `resolve_device()`); weights depend only on `seed`
+    and the arguments, not on the device (they are initialised on the CPU).
     `pe_options`: t5 -> num_buckets=32, max_distance=128, shared=True;
-    rotary -> fraction=0.25, base=10000. Weights depend only on `seed` and the arguments.
+    rotary -> fraction=0.25, base=10000, rope_scaling=None;
+    fire -> fire_hidden=32, fire_c=1.0, fire_threshold=n_ctx, shared=True; kerple -> shared;
+    nope -> logit_scale=None|"learned"|float|list, log_scale=0.0, log_floor=1.
     """
     if pe not in MODEL_CLASSES:
         raise ValueError(f"unknown positional encoding {pe!r}; choose one of {', '.join(PE_TYPES)}")
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if layer_pe is not None:
+        layer_pe = list(layer_pe)
+        if len(layer_pe) != n_layers:
+            raise ValueError(f"layer_pe has {len(layer_pe)} entries for n_layers={n_layers}")
+        unknown = [p for p in layer_pe if p not in LAYER_PES]
+        if unknown:
+            raise ValueError(
+                f"layer_pe: {unknown[0]!r} is not a per-layer PE; choose from "
+                f"{', '.join(LAYER_PE_TYPES)}"
+            )
+        if pe not in layer_pe:
+            raise ValueError(f"pe={pe!r} names the model, so it must be one of layer_pe")
+        if len(set(layer_pe)) == 1:
+            layer_pe = None  # uniform: the same model as without layer_pe
     d_head = d_model // n_heads
     extra = {}
-    if pe == "rotary":
+    if pe == "rotary" or (layer_pe and "rotary" in layer_pe):
         extra["rotary_dim"] = rotary_dim(d_head, pe_options.get("fraction", 0.25))
         extra["rotary_base"] = pe_options.get("base", 10000)
+    device = resolve_device(device)
     cfg = HookedTransformerConfig(
         n_layers=n_layers,
         n_heads=n_heads,
@@ -78,17 +123,23 @@ def build_model(
         attention_dir="causal",
         use_attn_scale=True if attn_scale is None else attn_scale,
         seed=seed,
-        device="cpu",
+        device="cpu",  # initialised here, then moved: same weights on every device
         default_prepend_bos=False,  # our tokenizer's template adds <bos> itself
         **extra,
     )
     with torch.random.fork_rng(devices=[]):  # TL seeds the global RNG; leave the caller's alone
-        return MODEL_CLASSES[pe](cfg, tokenizer=tokenizer, **pe_options)
+        model = MODEL_CLASSES[pe](
+            cfg, tokenizer=tokenizer, layer_pe=layer_pe, dropout=dropout, **pe_options
+        )
+    if device.type != "cpu":
+        model.to(device)
+    return model
 
 
 def model_config(model: PETransformer) -> dict:
     """The build_model keyword arguments that rebuild `model` (without its weights)."""
     cfg = model.cfg
+    mixed = len(set(model.layer_pe)) > 1
     return {
         "pe": model.pe,
         "n_layers": cfg.n_layers,
@@ -100,24 +151,57 @@ def model_config(model: PETransformer) -> dict:
         "seed": cfg.seed,
         "act_fn": cfg.act_fn,
         "attn_scale": cfg.use_attn_scale,
+        "layer_pe": list(model.layer_pe) if mixed else None,
+        "dropout": model.dropout,
         **model.pe_options,
     }
 
 
-BUILD_MODEL_ARGS = frozenset(inspect.signature(build_model).parameters) - {
-    "tokenizer",
-    "pe_options",
-}
+def layer_pes(model) -> list[str]:
+    """Each layer's positional encoding, for labelling per-layer results: ours (from the
+    model's layer_pe; "ape"/"sinusoidal" on every layer of an absolute-embedding model) and
+    stock TransformerLens HookedTransformers (from cfg.positional_embedding_type)."""
+    n_layers = model.cfg.n_layers
+    if isinstance(model, PETransformer):
+        return [model.pe] * n_layers if model.absolute_embedding else list(model.layer_pe)
+    kind = model.cfg.positional_embedding_type
+    return [_TL_PE_NAMES.get(kind, kind)] * n_layers
+
+
+def set_rope_scaling(model: PETransformer, rope_scaling: dict | None) -> PETransformer:
+    """Use RoPE scaling (transformers' rope_parameters spelling, e.g. {"rope_type": "yarn",
+    "factor": 4.0, "original_max_position_embeddings": 64}; None or "default": none) in every
+    rotary layer of `model`, without retraining. Returns the model (changed in place)."""
+    rotary_layers = [b.attn for b in model.blocks if getattr(b.attn, "rotary", False)]
+    if not rotary_layers:
+        raise ValueError(
+            f"rope_scaling needs a rotary layer; this model's layers: {layer_pes(model)}"
+        )
+    base = model.pe_options.get("base", 10000)
+    scaling = check_rope_scaling(rope_scaling, base, model.cfg.n_ctx)
+    for attn in rotary_layers:
+        attn.set_rope_scaling(scaling)
+    model.pe_options.pop("rope_scaling", None)
+    if scaling is not None:
+        model.pe_options["rope_scaling"] = scaling
+    return model
+
 
 __all__ = [
+    "LAYER_PE_TYPES",
     "MODEL_CLASSES",
+    "PAPER_PE_TYPES",
     "PE_TYPES",
     "PEAttention",
     "PETransformer",
     "alibi_slopes",
     "build_model",
     "from_hf",
+    "layer_pes",
     "model_config",
+    "resolve_device",
+    "rope_frequencies",
     "rotary_dim",
+    "set_rope_scaling",
     "t5_bucket_ids",
 ]

@@ -12,7 +12,7 @@ import math
 import torch
 
 from nopeinterp._tl import Attention
-from nopeinterp.models.base import PEAttention, PETransformer, PositionBias, relative_distance
+from nopeinterp.models.base import LayerPE, PETransformer, PositionBias, relative_distance
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -34,9 +34,16 @@ class ALiBiBias(PositionBias):
         return (-self.slopes[:, None, None] * distance).unsqueeze(0)
 
 
-class ALiBiTransformer(PETransformer):
-    pe = "alibi"
+class ALiBi(LayerPE):
+    name = "alibi"
+    bias_attr = "alibi_bias"
 
-    def configure_positional_encoding(self):
-        self.alibi_bias = ALiBiBias(self.cfg.n_heads)
-        self.use_attention(PEAttention, lambda layer: {"position_bias": self.alibi_bias})
+    def shared(self, options):
+        return True  # no parameters: one module serves every layer
+
+    def make_bias(self, cfg, options):
+        return ALiBiBias(cfg.n_heads)
+
+
+class ALiBiTransformer(PETransformer):
+    pe = layer_pe_default = "alibi"

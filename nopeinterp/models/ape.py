@@ -51,11 +51,13 @@ class LearnedAPETransformer(PETransformer):
 
 def sinusoidal_embedding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
     """sin/cos embedding [*positions.shape, d_model]: even dims sin, odd dims cos."""
+    device = positions.device
     inv_freq = torch.exp(
-        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+        torch.arange(0, d_model, 2, dtype=torch.float32, device=device)
+        * (-math.log(10000.0) / d_model)
     )
     angles = positions.float()[..., None] * inv_freq
-    emb = torch.zeros(*positions.shape, d_model)
+    emb = torch.zeros(*positions.shape, d_model, device=device)
     emb[..., 0::2] = torch.sin(angles)
     emb[..., 1::2] = torch.cos(angles)[..., : d_model // 2]
     return emb
@@ -71,11 +73,13 @@ class SinusoidalPosEmbed(nn.Module):
     def forward(self, tokens, past_kv_pos_offset=0, attention_mask=None):
         batch, length = tokens.shape
         if attention_mask is None:
-            positions = torch.arange(past_kv_pos_offset, past_kv_pos_offset + length)
+            positions = torch.arange(
+                past_kv_pos_offset, past_kv_pos_offset + length, device=tokens.device
+            )
             positions = positions.expand(batch, length)
         else:
-            positions = get_offset_position_ids(past_kv_pos_offset, attention_mask).cpu()
-        emb = sinusoidal_embedding(positions, self.cfg.d_model).to(tokens.device, self.cfg.dtype)
+            positions = get_offset_position_ids(past_kv_pos_offset, attention_mask)
+        emb = sinusoidal_embedding(positions.to(tokens.device), self.cfg.d_model).to(self.cfg.dtype)
         if attention_mask is not None:  # zero on pads, as TL's PosEmbed does
             pad = ~attention_mask[:, past_kv_pos_offset:].bool()
             emb = emb.masked_fill(pad[..., None], 0.0)

@@ -1,22 +1,27 @@
-"""Shared base of the model zoo: a HookedTransformer whose positional encoding is pluggable.
+"""Shared base of the model zoo: a HookedTransformer whose positional encoding is pluggable,
+per layer.
 
-Each PE lives in its own small module (nope.py, t5.py, alibi.py, rotary.py, ape.py) as a
-subclass of `PETransformer`. A subclass says three things:
-  - `tl_positional_embedding_type`: what TransformerLens itself should do ("standard" adds
-    `pos_embed` to the residual stream, "rotary" rotates q and k);
-  - `absolute_embedding`: whether the residual stream gets an absolute position embedding;
-  - `configure_positional_encoding()`: installs the PE, e.g. a `PositionBias` module returning
-    an additive attention bias [1, head, query, key], which `PEAttention` adds to the scores
-    before the causal mask, so it shows in `hook_attn_scores` and, on its own, in
-    `attn.hook_position_bias`.
+A positional encoding acts in one of two places:
+  - in attention, per layer (`LayerPE`): nope, t5, alibi, rotary, fire, kerple. Each lives in
+    its own small module as a `LayerPE` subclass saying whether the layer rotates q and k
+    (`rotary`), which additive bias module it adds to the scores (`make_bias`, a
+    `PositionBias` returning [1, head, query, key]; shown on its own in
+    `attn.hook_position_bias`), and which options it takes. Layers of one bias PE share one
+    bias module unless its `shared` option is False; a model may mix layer PEs freely
+    (`layer_pe=[...]`).
+  - in the residual stream, once (`ape`, `sinusoidal`): a `PETransformer` subclass with
+    `absolute_embedding = True` and its own `pos_embed`; its layers are plain NoPE attention.
 Everything else (MLPs, hooks, caching, generation) is stock TransformerLens. The block,
 LayerNorm and attention forwards are TL's minus work our configurations never need
-(`PEBlock`, `FusedLayerNorm`, `PEAttention`: about 30% of a training step on CPU, see
-bench/RESULTS.md); each falls back to TL's own forward when a feature it skips is on, and
-tests/test_models.py checks them against TL's forwards and gradients for every PE.
+(`PEBlock`, `FusedLayerNorm`, `PEAttention`); each falls back to TL's own forward when a
+feature it skips is on, and tests/test_models.py checks them against TL's forwards and
+gradients for every PE. `PEAttention` runs `F.scaled_dot_product_attention` (the fused path)
+when nothing needs the explicit scores or pattern; see `PEAttention.fused_ok`.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +34,7 @@ from nopeinterp._tl import (
     HookPoint,
     LayerNorm,
     TransformerBlock,
+    get_offset_position_ids,
     tl_deprecation_silenced,
 )
 
@@ -44,6 +50,16 @@ def relative_distance(q_len: int, k_len: int, device=None) -> torch.Tensor:
     return q_pos[:, None] - k_pos[None, :]
 
 
+class PositionBias(nn.Module):
+    """Base for additive attention biases: forward(q_len, k_len) -> [1, head, q_len, k_len].
+
+    Positions are counted from the first column (as relative distances are); queries are the
+    last q_len of the k_len keys (a KV cache)."""
+
+    def forward(self, q_len: int, k_len: int) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
 # TL attention features the lean forward below does not implement: with any on, TL's runs.
 _TL_FORWARD_FLAGS = (
     "use_attn_result",
@@ -54,34 +70,108 @@ _TL_FORWARD_FLAGS = (
     "use_logn_attn",
     "use_attention_sinks",
 )
+# Hook points whose value only the explicit path computes: a hook on any of them (a cache, a
+# patch, an ablation) makes the layer take the explicit path.
+EXPLICIT_HOOKS = ("hook_attn_scores", "hook_pattern", "hook_position_bias", "hook_logit_scale")
 
 
 class PEAttention(Attention):
-    """TL attention plus an additive position bias computed for the current shape, used by
-    every PE (with no bias for NoPE, rotary and the absolute embeddings).
+    """TL attention plus this layer's positional encoding: rotary (`rotary=True`), an additive
+    position bias computed for the current shape (`position_bias`), a logit scale per head
+    and query position (`logit_scale`, NoPE's temperature), attention-weight dropout.
 
     The bias module is owned by the model (so T5's table can be shared by all layers) and is
     kept here in a list, outside the module tree, so the state dict holds it once.
 
-    `forward` is TL 3.9's for our configurations minus the NaN clean-up pass over the pattern
-    after the softmax, which only a row whose keys are all padding needs (left padding), and
-    minus a copy of W_O per call. Same hook points, same values; with any TL feature it does
-    not cover (e.g. `use_attn_result`), TL's own forward runs.
+    `forward` is TL 3.9's for our configurations minus the NaN clean-up pass after the
+    softmax where no row can be fully masked, and minus a copy of W_O per call. Same hook
+    points, same values; with any TL feature it does not cover (e.g. `use_attn_result`), TL's
+    own forward runs. When no hook watches the scores, the pattern or the position terms
+    (`fused_ok`), the scores and pattern are never materialised here: attention runs through
+    `F.scaled_dot_product_attention` with the bias and masks as one additive mask.
     """
 
-    def __init__(self, cfg, attn_type="global", layer_id=None, position_bias=None):
+    fused = True  # class switch, for tests and benchmarks of the explicit path
+
+    def __init__(
+        self,
+        cfg,
+        attn_type="global",
+        layer_id=None,
+        position_bias=None,
+        rotary=False,
+        logit_scale=None,
+        dropout=0.0,
+    ):
         super().__init__(cfg, attn_type, layer_id)
         self._position_bias = [position_bias]
+        self.rotary = rotary
+        self.dropout = dropout
         if position_bias is not None:
             self.hook_position_bias = HookPoint()  # [1, head_index, query_pos, key_pos]
+        if logit_scale is not None:
+            self.logit_scale = logit_scale
+            self.hook_logit_scale = HookPoint()  # [batch or 1, head_index, query_pos, 1]
+        self._query_positions = None
+
+    # --- positional terms ----------------------------------------------------------------
+    def apply_rotary(self, x, past_kv_pos_offset=0, attention_mask=None):
+        if not self.rotary:  # a non-rotary layer of a model whose other layers rotate
+            return x
+        return super().apply_rotary(x, past_kv_pos_offset, attention_mask)
+
+    def position_bias(self, q_len, k_len):
+        bias_fn = self._position_bias[0]
+        if bias_fn is None:
+            return None
+        return self.hook_position_bias(bias_fn(q_len, k_len))
+
+    def query_scale(self, q_len, k_len, attention_mask):
+        """[batch or 1, head, q_len, 1] factor on the logits, or None."""
+        if not hasattr(self, "logit_scale"):
+            return None
+        offset = k_len - q_len
+        if attention_mask is None:
+            positions = torch.arange(offset, k_len, device=self.W_Q.device)[None]
+        else:
+            positions = get_offset_position_ids(offset, attention_mask).to(self.W_Q.device)
+        return self.hook_logit_scale(self.logit_scale(positions))
 
     def calculate_attention_scores(self, q, k):
         scores = super().calculate_attention_scores(q, k)
-        bias_fn = self._position_bias[0]
-        if bias_fn is None:
-            return scores
-        bias = self.hook_position_bias(bias_fn(scores.shape[-2], scores.shape[-1]))
-        return scores + bias.to(scores.dtype)
+        q_len, k_len = scores.shape[-2], scores.shape[-1]
+        scale = self.query_scale(q_len, k_len, self._query_positions)
+        if scale is not None:
+            scores = scores * scale.to(scores.dtype)
+        bias = self.position_bias(q_len, k_len)
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)
+        return scores
+
+    # --- forward -------------------------------------------------------------------------
+    def tl_forward_needed(self, additive_attention_mask, position_bias) -> bool:
+        cfg = self.cfg
+        return (
+            additive_attention_mask is not None
+            or position_bias is not None
+            or cfg.clip_qkv is not None
+            or cfg.original_architecture is not None
+            or cfg.positional_embedding_type not in ("standard", "rotary")
+            or (self._attention_dir_override or cfg.attention_dir) != "causal"
+            or any(getattr(cfg, flag) for flag in _TL_FORWARD_FLAGS)
+        )
+
+    def fused_ok(self) -> bool:
+        """The allowlist of the fused path: a global causal layer, no score soft-cap, and no
+        hook on a value only the explicit path computes. Anything else: explicit path."""
+        return (
+            self.fused
+            and self.attn_type == "global"
+            and not (self.cfg.attn_scores_soft_cap or 0) > 0
+            and not any(
+                getattr(self, name).has_hooks() for name in EXPLICIT_HOOKS if hasattr(self, name)
+            )
+        )
 
     def forward(
         self,
@@ -93,17 +183,9 @@ class PEAttention(Attention):
         attention_mask=None,
         position_bias=None,
     ):
-        cfg = self.cfg
-        if (
-            additive_attention_mask is not None
-            or position_bias is not None
-            or cfg.clip_qkv is not None
-            or cfg.original_architecture is not None
-            or cfg.positional_embedding_type not in ("standard", "rotary")
-            or (self._attention_dir_override or cfg.attention_dir) != "causal"
-            or any(getattr(cfg, flag) for flag in _TL_FORWARD_FLAGS)
-        ):
-            return super().forward(
+        self._query_positions = attention_mask
+        if self.tl_forward_needed(additive_attention_mask, position_bias):
+            out = super().forward(
                 query_input,
                 key_input,
                 value_input,
@@ -112,34 +194,105 @@ class PEAttention(Attention):
                 attention_mask,
                 position_bias,
             )
+            self._query_positions = None
+            return out
+        cfg = self.cfg
         q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)
         offset = 0
         if past_kv_cache_entry is not None:
             offset = past_kv_cache_entry.past_keys.size(1)
             k, v = past_kv_cache_entry.append(k, v)
-        if cfg.positional_embedding_type == "rotary":
+        if self.rotary:
             q = self.hook_rot_q(self.apply_rotary(q, offset, attention_mask))
             k = self.hook_rot_k(self.apply_rotary(k, 0, attention_mask))  # keys are cached
-        scores = self.apply_causal_mask(
-            self.calculate_attention_scores(q, k), offset, attention_mask
-        )
-        pattern = F.softmax(self.hook_attn_scores(scores), dim=-1)
         # Key 0 is visible to every query, so only a masked key 0 (left padding) or a local
         # window can leave a row with no visible key, whose softmax is NaN: TL zeroes those.
-        if attention_mask is not None and (
+        empty_rows = attention_mask is not None and (
             self.attn_type == "local" or not bool(attention_mask[:, 0].all())
-        ):
-            pattern = torch.where(torch.isnan(pattern), torch.zeros_like(pattern), pattern)
-        z = self.calculate_z_scores(v, self.hook_pattern(pattern))  # [batch, pos, head, d_head]
+        )
+        if self.fused_ok():
+            z = self.hook_z(self.fused_z(q, k, v, offset, attention_mask, empty_rows))
+        else:
+            scores = self.apply_causal_mask(
+                self.calculate_attention_scores(q, k), offset, attention_mask
+            )
+            pattern = F.softmax(self.hook_attn_scores(scores), dim=-1)
+            if empty_rows:
+                pattern = torch.where(torch.isnan(pattern), torch.zeros_like(pattern), pattern)
+            pattern = self.hook_pattern(pattern)
+            if self.dropout and self.training:
+                pattern = F.dropout(pattern, self.dropout, training=True)
+            z = self.calculate_z_scores(v, pattern)  # [batch, pos, head, d_head]
+        self._query_positions = None
         w_o = self.W_O.reshape(cfg.n_heads * cfg.d_head, cfg.d_model)  # a view: no copy
         return F.linear(z.reshape(*z.shape[:2], -1), w_o.T, self.b_O)
+
+    def fused_z(self, q, k, v, offset, attention_mask, empty_rows):
+        """z [batch, query, head, d_head] through scaled_dot_product_attention: the same
+        computation as scores -> causal/padding mask -> softmax -> @ v."""
+        q_len, k_len = q.shape[1], k.shape[1]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
+        scale = self.query_scale(q_len, k_len, attention_mask)
+        if scale is not None:  # scaling q scales its logits
+            q = q * scale.to(q.dtype)
+        bias = self.position_bias(q_len, k_len)
+        padded = attention_mask is not None and not bool(attention_mask.all())
+        dropout = self.dropout if self.training else 0.0
+        if bias is None and not padded and q_len == k_len:
+            z = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout, is_causal=True, scale=1.0 / self.attn_scale
+            )
+            return z.transpose(1, 2)
+        visible = relative_distance(q_len, k_len, q.device) >= 0
+        if padded:
+            visible = visible & attention_mask[:, None, None, :].bool().to(q.device)
+        else:
+            visible = visible[None, None]
+        # a large finite negative, not -inf: a row with no visible key (left padding) must
+        # not give NaN (its output is zeroed below, as TL zeroes its pattern)
+        low = torch.finfo(q.dtype).min
+        if bias is None:
+            mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
+            mask = mask.masked_fill(~visible, low)
+        else:
+            mask = bias.to(q.dtype).masked_fill(~visible, low)
+        z = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, scale=1.0 / self.attn_scale
+        )
+        if empty_rows:
+            z = z.masked_fill(~visible.any(-1, keepdim=True), 0.0)
+        return z.transpose(1, 2)
+
+
+class LayerPE:
+    """A positional encoding acting inside attention, one layer at a time (see module doc)."""
+
+    name: str = ""
+    rotary: bool = False
+    bias_attr: str | None = None  # model attribute holding the bias modules (a ModuleList)
+    attention_cls = None  # PEAttention unless set
+
+    def resolve_options(self, cfg, **options) -> dict:
+        """Validate this PE's options and return them with defaults filled in."""
+        if options:
+            raise TypeError(f"pe={self.name!r} takes no options, got {sorted(options)}")
+        return {}
+
+    def make_bias(self, cfg, options) -> PositionBias | None:
+        return None
+
+    def shared(self, options) -> bool:
+        return options.get("shared", True)
+
+    def attention_kwargs(self, cfg, options) -> dict:
+        """Extra keyword arguments for this layer's `PEAttention`."""
+        return {}
 
 
 class FusedLayerNorm(LayerNorm):
     """TL's LayerNorm as one `F.layer_norm` kernel (same formula: biased variance, eps inside
     the square root), unless a hook watches its internals (`hook_scale`, `hook_normalized`):
-    then TL's step-by-step forward runs (eight elementwise ops, each with its own backward),
-    so caching and patching those points work as before.
+    then TL's step-by-step forward runs, so caching and patching those points work as before.
     """
 
     def forward(self, x):
@@ -153,15 +306,19 @@ class FusedLayerNorm(LayerNorm):
 
 
 class PEBlock(TransformerBlock):
-    """TL's pre-LN block, with ln1 computed once and fed to q, k and v.
+    """TL's pre-LN block, with ln1 computed once and fed to q, k and v, and dropout on the
+    attention and MLP outputs before each is added to the residual stream (as T5's decoder
+    layers do; `dropout`, active in training mode only).
 
     TL 3.9 computes `ln1(x)` three times (and adds 0.0 to two of them) so that split-qkv
     inputs can differ; ours never do unless a user turns on `use_split_qkv_input` or
-    `use_attn_in`, and then TL's own forward runs. Same hook points, same values.
+    `use_attn_in`, and then TL's own forward runs (without dropout). Same hook points, same
+    values (hook_attn_out and hook_mlp_out see the output before dropout).
     """
 
-    def __init__(self, cfg, block_index):
+    def __init__(self, cfg, block_index, dropout=0.0):
         super().__init__(cfg, block_index)
+        self.dropout = dropout
         if type(self.ln1) is LayerNorm:
             self.ln1, self.ln2 = FusedLayerNorm(cfg), FusedLayerNorm(cfg)
 
@@ -180,6 +337,7 @@ class PEBlock(TransformerBlock):
             return super().forward(
                 resid_pre, shortformer_pos_embed, past_kv_cache_entry, attention_mask
             )
+        p = self.dropout if self.training else 0.0
         resid_pre = self.hook_resid_pre(resid_pre)
         normalized = self.ln1(resid_pre)
         attn_out = self.hook_attn_out(
@@ -191,64 +349,119 @@ class PEBlock(TransformerBlock):
                 attention_mask=attention_mask,
             )
         )
+        if p:
+            attn_out = F.dropout(attn_out, p, training=True)
         resid_mid = self.hook_resid_mid(resid_pre + attn_out)
         mlp_in = self.hook_mlp_in(resid_mid.clone()) if cfg.use_hook_mlp_in else resid_mid
-        return self.hook_resid_post(resid_mid + self.apply_mlp(self.ln2(mlp_in)))
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(mlp_in)))
+        if p:
+            mlp_out = F.dropout(mlp_out, p, training=True)
+        return self.hook_resid_post(resid_mid + mlp_out)
 
 
 class PETransformer(HookedTransformer):
-    """HookedTransformer with one positional encoding; see the module docstring."""
+    """HookedTransformer with a positional encoding per layer; see the module docstring.
+
+    `layer_pe`: each layer's `LayerPE` name; `pe_options`: the options of every PE used
+    (each PE takes its own keys); `dropout`: see `PEBlock` (also on the embeddings and the
+    attention weights).
+    """
 
     pe: str = ""
-    tl_positional_embedding_type = "standard"
     absolute_embedding = False
 
-    def __init__(self, cfg: HookedTransformerConfig, tokenizer=None, **pe_options):
-        cfg.positional_embedding_type = self.tl_positional_embedding_type
+    def __init__(
+        self,
+        cfg: HookedTransformerConfig,
+        tokenizer=None,
+        *,
+        layer_pe=None,
+        dropout: float = 0.0,
+        **pe_options,
+    ):
+        from nopeinterp.models.registry import LAYER_PES
+
+        layer_pe = list(layer_pe or [self.layer_pe_default] * cfg.n_layers)
+        specs = [LAYER_PES[name] for name in layer_pe]
+        cfg.positional_embedding_type = (
+            "rotary" if any(spec.rotary for spec in specs) else "standard"
+        )
         with tl_deprecation_silenced():
             super().__init__(cfg, tokenizer=tokenizer)
-        self.pe_options = self.resolve_pe_options(**pe_options)
+        self.layer_pe = layer_pe
+        self.dropout = dropout
+        self.pe_options = self.resolve_pe_options(specs, pe_options)
         # Same modules and state-dict keys as TL's, with a faster path (PEBlock, PEAttention).
-        self.blocks = nn.ModuleList(PEBlock(cfg, i) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(PEBlock(cfg, i, dropout) for i in range(cfg.n_layers))
         if type(self.ln_final) is LayerNorm:
             self.ln_final = FusedLayerNorm(cfg)
-        self.use_attention(PEAttention)
         if not self.absolute_embedding and hasattr(self, "pos_embed"):
             # No unused W_pos in the state dict, and nothing added to the residual stream.
             del self.pos_embed, self.hook_pos_embed
         self.configure_positional_encoding()
+        self.install_layer_pes(specs)
         # TL initialised the stock modules; re-run it (same seed) so replaced ones are set too.
         self.init_weights()
         self.setup()  # re-name hook points after the module swaps
         self.eval()
 
-    # --- for subclasses -------------------------------------------------------------------
-    def resolve_pe_options(self, **options) -> dict:
-        """Validate this PE's options and return them with defaults filled in."""
-        if options:
-            raise TypeError(f"pe={self.pe!r} takes no options, got {sorted(options)}")
-        return {}
+    layer_pe_default = "nope"
+
+    def resolve_pe_options(self, specs, options) -> dict:
+        """Each distinct layer PE takes its own option keys; unknown keys are an error."""
+        resolved, used = {}, set()
+        for spec in dict.fromkeys(specs):
+            names = set(inspect.signature(spec.resolve_options).parameters) - {"cfg", "options"}
+            mine = {k: v for k, v in options.items() if k in names}
+            used |= set(mine)
+            resolved.update(spec.resolve_options(self.cfg, **mine))
+        left = sorted(set(options) - used)
+        if left:
+            used = ", ".join(dict.fromkeys(spec.name for spec in specs))
+            raise TypeError(f"pe={self.pe!r} (layers: {used}) takes no options {left}")
+        return resolved
 
     def configure_positional_encoding(self) -> None:
-        """Install the PE after the model is built (with `PEAttention` and no bias). Default:
-        nothing."""
+        """For absolute embeddings: install `pos_embed`. Default: nothing."""
 
-    def use_attention(self, attention_cls, layer_kwargs=lambda layer: {}) -> None:
-        """Replace every block's attention by `attention_cls(cfg, "global", layer, **kw)`."""
-        for layer, block in enumerate(self.blocks):
-            block.attn = attention_cls(self.cfg, "global", layer, **layer_kwargs(layer))
+    def install_layer_pes(self, specs) -> None:
+        """Give every block a `PEAttention` with its layer's PE; bias modules live on the model
+        (`spec.bias_attr`, a ModuleList: one module shared by the layers of that PE, or one per
+        layer with `shared=False`)."""
+        bias_of_layer = {}
+        for spec in dict.fromkeys(specs):
+            layers = [i for i, s in enumerate(specs) if s is spec]
+            if spec.bias_attr is None:
+                continue
+            if spec.shared(self.pe_options):
+                modules = nn.ModuleList([spec.make_bias(self.cfg, self.pe_options)])
+                bias_of_layer.update({i: modules[0] for i in layers})
+            else:
+                modules = nn.ModuleList(spec.make_bias(self.cfg, self.pe_options) for _ in layers)
+                bias_of_layer.update(dict(zip(layers, modules, strict=True)))
+            setattr(self, spec.bias_attr, modules)
+        for layer, (block, spec) in enumerate(zip(self.blocks, specs, strict=True)):
+            block.attn = (spec.attention_cls or PEAttention)(
+                self.cfg,
+                "global",
+                layer,
+                position_bias=bias_of_layer.get(layer),
+                rotary=spec.rotary,
+                dropout=self.dropout,
+                **spec.attention_kwargs(self.cfg, self.pe_options),
+            )
 
     # --- TL overrides ---------------------------------------------------------------------
     def get_residual(self, embed, pos_offset, *args, return_shortformer_pos_embed=True, **kwargs):
         if self.absolute_embedding:
-            return super().get_residual(
-                embed,
-                pos_offset,
-                *args,
-                return_shortformer_pos_embed=return_shortformer_pos_embed,
-                **kwargs,
+            residual, extra = super().get_residual(
+                embed, pos_offset, *args, return_shortformer_pos_embed=True, **kwargs
             )
-        return (embed, None) if return_shortformer_pos_embed else embed
+        else:
+            residual, extra = embed, None
+        if self.dropout and self.training:
+            residual = F.dropout(residual, self.dropout, training=True)
+        return (residual, extra) if return_shortformer_pos_embed else residual
 
     def move_model_modules_to_device(self):
         # TL's version assumes pos_embed exists unless the PE is rotary.
@@ -259,11 +472,9 @@ class PETransformer(HookedTransformer):
             block.to(self.cfg.device)
 
     def extra_repr(self) -> str:
-        return f"pe={self.pe!r}, pe_options={self.pe_options}"
-
-
-class PositionBias(nn.Module):
-    """Base for additive attention biases: forward(q_len, k_len) -> [1, head, q_len, k_len]."""
-
-    def forward(self, q_len: int, k_len: int) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+        mixed = len(set(self.layer_pe)) > 1
+        return (
+            f"pe={self.pe!r}, "
+            + (f"layer_pe={self.layer_pe}, " if mixed else "")
+            + (f"pe_options={self.pe_options}")
+        )

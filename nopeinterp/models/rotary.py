@@ -1,19 +1,181 @@
-"""Rotary (RoPE), as TransformerLens implements it, on a fraction of each head's dims.
+"""Rotary (RoPE), as TransformerLens implements it, on a fraction of each head's dims, with
+optional RoPE scaling for inputs longer than the training context.
 
 The paper rotates the first 25% of each head's dimensions with base 10000. TL caps its sin/cos
 table at n_ctx and then fails on longer inputs; we grow the table instead, since rotary itself
 has no length limit.
+
+RoPE scaling (`rope_scaling`, spelled as transformers' `rope_parameters`): "linear" (position
+interpolation), "dynamic" (dynamic NTK: the base grows with the current length past
+`original_max_position_embeddings`), "yarn" (NTK-by-parts interpolation plus YaRN's attention
+factor, which multiplies cos and sin, so the rotated part of each logit by its square). It is an
+inference-time setting of an existing rotary model: `set_rope_scaling(model, {...})` or
+`load_checkpoint(path, rope_scaling={...})`; `original_max_position_embeddings` defaults to
+the model's n_ctx. `rope_frequencies` is checked against transformers' `ROPE_INIT_FUNCTIONS`
+in tests/test_new_pes.py.
 """
 
-from nopeinterp.models.base import PEAttention, PETransformer
+from __future__ import annotations
+
+import math
+
+import torch
+
+from nopeinterp._tl import Attention
+from nopeinterp.models.base import LayerPE, PEAttention, PETransformer
+
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn")
+_ROPE_KEYS = {
+    "default": set(),
+    "linear": {"factor"},
+    "dynamic": {"factor", "original_max_position_embeddings"},
+    "yarn": {
+        "factor",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    },
+}
 
 
-class UncappedRotaryAttention(PEAttention):
+def check_rope_scaling(rope_scaling, base, n_ctx) -> dict | None:
+    """Validate a rope_parameters-style dict; returns it with `rope_type` and (for dynamic and
+    yarn) `original_max_position_embeddings` filled in, or None for no scaling."""
+    if rope_scaling is None:
+        return None
+    if not isinstance(rope_scaling, dict):
+        raise ValueError(f"rope_scaling must be a dict, got {type(rope_scaling).__name__}")
+    params = dict(rope_scaling)
+    kind = params.pop("rope_type", params.pop("type", None))
+    if kind not in ROPE_TYPES:
+        raise ValueError(
+            f"rope_scaling: rope_type must be one of {', '.join(ROPE_TYPES)}, got {kind!r}"
+        )
+    theta = params.pop("rope_theta", base)
+    if float(theta) != float(base):
+        raise ValueError(f"rope_scaling: rope_theta {theta} differs from the model's base {base}")
+    unknown = set(params) - _ROPE_KEYS[kind]
+    if unknown:
+        raise ValueError(f"rope_scaling: {kind} takes no {sorted(unknown)}")
+    if kind == "default":
+        return None
+    if "factor" not in params or not float(params["factor"]) >= 1.0:
+        raise ValueError(f"rope_scaling: {kind} needs a factor >= 1, got {params.get('factor')}")
+    if kind in ("dynamic", "yarn"):
+        params.setdefault("original_max_position_embeddings", n_ctx)
+        if int(params["original_max_position_embeddings"]) < 1:
+            raise ValueError("rope_scaling: original_max_position_embeddings must be >= 1")
+    return {"rope_type": kind, **params}
+
+
+def rope_frequencies(
+    rotary_dim: int, base: float, rope_scaling: dict | None = None, seq_len: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies [rotary_dim // 2], attention factor) of RoPE with `rope_scaling`
+    (a dict as `check_rope_scaling` returns) at the current length `seq_len` (dynamic only)."""
+    d = rotary_dim
+    exponents = torch.arange(0, d, 2, dtype=torch.int64).float() / d
+    inv_freq = 1.0 / (base**exponents)
+    if rope_scaling is None:
+        return inv_freq, 1.0
+    kind, factor = rope_scaling["rope_type"], float(rope_scaling["factor"])
+    if kind == "linear":  # position interpolation: positions / factor
+        return inv_freq / factor, 1.0
+    original = int(rope_scaling["original_max_position_embeddings"])
+    if kind == "dynamic":
+        if d <= 2:
+            raise ValueError("dynamic NTK scaling needs rotary_dim > 2 (its exponent is d/(d-2))")
+        length = max(seq_len or original, original)
+        new_base = base * ((factor * length / original) - (factor - 1)) ** (d / (d - 2))
+        return 1.0 / (new_base**exponents), 1.0
+
+    # yarn: interpolate the low frequencies, keep the high ones, ramp between
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = rope_scaling.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = rope_scaling.get("mscale"), rope_scaling.get("mscale_all_dim")
+        attention_factor = (
+            mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+        )
+    beta_fast = rope_scaling.get("beta_fast") or 32
+    beta_slow = rope_scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations):  # the dim whose wavelength fits `rotations` times in original
+        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rope_scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    inv_freq = (inv_freq / factor) * ramp + inv_freq * (1 - ramp)
+    return inv_freq, float(attention_factor)
+
+
+class RotaryAttention(PEAttention):
+    """TL's rotary on this layer's q and k, with a table that grows past n_ctx and, with
+    `rope_scaling`, frequencies and attention factor from `rope_frequencies`."""
+
+    def __init__(self, *args, rope_scaling=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rope_scaling = rope_scaling
+        self._table_key = None  # what the current table was built for (None: TL's own)
+
+    def set_rope_scaling(self, rope_scaling) -> None:
+        self.rope_scaling = rope_scaling
+        if self.rotary:
+            self._build_table(self.rotary_cos.shape[0], None)
+
+    def _build_table(self, size: int, seq_len) -> None:
+        cfg = self.cfg
+        device = self.W_Q.device
+        if self.rope_scaling is None:
+            sin, cos = self.calculate_sin_cos_rotary(
+                cfg.rotary_dim, size, base=self._rotary_base(), dtype=cfg.dtype
+            )
+        else:
+            inv_freq, factor = rope_frequencies(
+                cfg.rotary_dim, self._rotary_base(), self.rope_scaling, seq_len
+            )
+            inv_freq = (
+                inv_freq.repeat_interleave(2) if cfg.rotary_adjacent_pairs else inv_freq.repeat(2)
+            )
+            angles = torch.arange(size, dtype=torch.float32)[:, None] * inv_freq[None, :]
+            sin, cos = angles.sin() * factor, angles.cos() * factor
+        self.rotary_sin = sin.to(device, cfg.dtype)
+        self.rotary_cos = cos.to(device, cfg.dtype)
+        self._table_key = (
+            size,
+            seq_len,
+            None if self.rope_scaling is None else repr(self.rope_scaling),
+        )
+
     def apply_rotary(self, x, past_kv_pos_offset=0, attention_mask=None):
+        if not self.rotary:
+            return x
         needed = past_kv_pos_offset + x.size(1)
-        if needed > self.rotary_cos.shape[0]:
-            self._extend_rotary_embeddings(max(needed, 2 * self.rotary_cos.shape[0]))
-        return super().apply_rotary(x, past_kv_pos_offset, attention_mask)
+        size = self.rotary_cos.shape[0]
+        dynamic = self.rope_scaling is not None and self.rope_scaling["rope_type"] == "dynamic"
+        if dynamic:  # frequencies depend on the current length, as in transformers
+            original = self.rope_scaling["original_max_position_embeddings"]
+            seq_len = max(needed, original)
+            if self._table_key is None or self._table_key[1] != seq_len or needed > size:
+                self._build_table(max(needed, size), seq_len)
+        elif needed > size:
+            self._build_table(max(needed, 2 * size), None)
+        return Attention.apply_rotary(self, x, past_kv_pos_offset, attention_mask)
+
+
+# kept for imports of the old name
+UncappedRotaryAttention = RotaryAttention
 
 
 def rotary_dim(d_head: int, fraction: float) -> int:
@@ -23,14 +185,23 @@ def rotary_dim(d_head: int, fraction: float) -> int:
     return max(2, int(d_head * fraction) // 2 * 2)
 
 
-class RotaryTransformer(PETransformer):
-    pe = "rotary"
-    tl_positional_embedding_type = "rotary"
+class Rotary(LayerPE):
+    name = "rotary"
+    rotary = True
+    attention_cls = RotaryAttention
 
-    def resolve_pe_options(self, fraction=0.25, base=10000):
-        if self.cfg.rotary_dim != rotary_dim(self.cfg.d_head, fraction):
+    def resolve_options(self, cfg, fraction=0.25, base=10000, rope_scaling=None):
+        if cfg.rotary_dim != rotary_dim(cfg.d_head, fraction):
             raise ValueError("rotary_dim in the config does not match the rotary fraction")
-        return {"fraction": fraction, "base": base}
+        options = {"fraction": fraction, "base": base}
+        scaling = check_rope_scaling(rope_scaling, base, cfg.n_ctx)
+        if scaling is not None:
+            options["rope_scaling"] = scaling
+        return options
 
-    def configure_positional_encoding(self):
-        self.use_attention(UncappedRotaryAttention)
+    def attention_kwargs(self, cfg, options):
+        return {"rope_scaling": options.get("rope_scaling")}
+
+
+class RotaryTransformer(PETransformer):
+    pe = layer_pe_default = "rotary"

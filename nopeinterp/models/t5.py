@@ -3,14 +3,15 @@
 Causal (unidirectional) buckets as in T5's decoder: half the buckets are exact distances, the
 rest log-spaced up to `max_distance`, beyond which all distances share the last bucket. The
 bucket function is transformers' own `T5Attention._relative_position_bucket`. One table is
-shared by all layers by default (as T5 and the paper do); `shared=False` gives one per layer.
+shared by all the layers that use t5 by default (as T5 and the paper do); `shared=False`
+gives one per layer.
 """
 
 import torch
 from torch import nn
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from nopeinterp.models.base import PEAttention, PETransformer, PositionBias, relative_distance
+from nopeinterp.models.base import LayerPE, PETransformer, PositionBias, relative_distance
 
 
 def t5_bucket_ids(distance: torch.Tensor, num_buckets: int = 32, max_distance: int = 128):
@@ -34,7 +35,9 @@ class T5RelativeBias(PositionBias):
 
     def buckets(self, q_len: int, k_len: int) -> torch.Tensor:
         if self.bucket_of_distance.numel() < k_len:
-            distances = torch.arange(max(k_len, 2 * self.bucket_of_distance.numel()))
+            distances = torch.arange(
+                max(k_len, 2 * self.bucket_of_distance.numel()), device=self.W_bias.device
+            )
             self.bucket_of_distance = t5_bucket_ids(
                 distances, self.num_buckets, self.max_distance
             ).to(self.W_bias.device)
@@ -45,10 +48,11 @@ class T5RelativeBias(PositionBias):
         return self.W_bias[self.buckets(q_len, k_len)].permute(2, 0, 1).unsqueeze(0)
 
 
-class T5Transformer(PETransformer):
-    pe = "t5"
+class T5(LayerPE):
+    name = "t5"
+    bias_attr = "rel_pos_bias"
 
-    def resolve_pe_options(self, num_buckets=32, max_distance=128, shared=True):
+    def resolve_options(self, cfg, num_buckets=32, max_distance=128, shared=True):
         if num_buckets < 2 or max_distance <= num_buckets // 2:
             raise ValueError(
                 f"t5 needs num_buckets >= 2 and max_distance > num_buckets // 2, "
@@ -56,13 +60,9 @@ class T5Transformer(PETransformer):
             )
         return {"num_buckets": num_buckets, "max_distance": max_distance, "shared": shared}
 
-    def configure_positional_encoding(self):
-        opts = self.pe_options
-        n_tables = 1 if opts["shared"] else self.cfg.n_layers
-        self.rel_pos_bias = nn.ModuleList(
-            T5RelativeBias(self.cfg.n_heads, opts["num_buckets"], opts["max_distance"])
-            for _ in range(n_tables)
-        )
-        self.use_attention(
-            PEAttention, lambda layer: {"position_bias": self.rel_pos_bias[layer % n_tables]}
-        )
+    def make_bias(self, cfg, options):
+        return T5RelativeBias(cfg.n_heads, options["num_buckets"], options["max_distance"])
+
+
+class T5Transformer(PETransformer):
+    pe = layer_pe_default = "t5"
