@@ -6,6 +6,7 @@ import torch
 import transformers as tf
 
 from nopeinterp.errors import NopeinterpError
+from nopeinterp.models import layer_pes
 from nopeinterp.models.hf import DEFAULT_MAX_CTX, SUPPORTED_ARCHITECTURES, HFModelError, from_hf
 
 VOCAB = 48
@@ -94,10 +95,30 @@ FAMILIES = {
             intermediate_size=48,
         ),
     ),
+    # NoPE in layers 1 and 3 (SmolLM3's `no_rope_layers`: 1 = RoPE, 0 = NoPE), GQA
+    "smollm3": (
+        tf.SmolLM3ForCausalLM,
+        tf.SmolLM3Config,
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=4,
+            intermediate_size=48,
+            no_rope_layers=[1, 0, 1, 0],
+            pad_token_id=0,
+        ),
+    ),
 }
 EXPECTED_PE = {"gpt2": "ape", "neox": "rotary", "bloom": "alibi", "llama": "rotary",
                "mistral": "rotary", "qwen2": "rotary"}  # fmt: skip
 EXPECTED_TL_PE = {"ape": "standard", "rotary": "rotary", "alibi": "alibi"}
+
+
+def expected_layer_pes(name, config):
+    if name == "smollm3":
+        return ["rotary" if flag else "nope" for flag in config.no_rope_layers]
+    return [EXPECTED_PE[name.split("-")[0]]] * config.num_hidden_layers
 
 
 def tiny_hf(name, seed=0, **overrides):
@@ -183,14 +204,13 @@ def test_local_directory_round_trip(name, tmp_path, capfd):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_pe_metadata_and_hooks(name):
-    """What the analyses read without TL: pe, layer_pe, cfg; hook values are transformers'
+    """What the analyses read without TL: layer_pes(model), cfg; hook values are transformers'
     hidden states (nothing folded or centred)."""
     hf = tiny_hf(name)
     model = from_hf(hf)
-    pe = EXPECTED_PE[name.split("-")[0]]
-    assert model.pe == pe
-    assert model.layer_pe == [pe] * hf.config.num_hidden_layers
-    assert model.cfg.positional_embedding_type == EXPECTED_TL_PE[pe]
+    expected = expected_layer_pes(name, hf.config)
+    assert layer_pes(model) == expected
+    assert model.cfg.positional_embedding_type == EXPECTED_TL_PE[expected[0]]
     toks = tokens()
     with torch.no_grad():
         hidden = hf(toks, output_hidden_states=True).hidden_states

@@ -1,11 +1,12 @@
 """Hugging Face causal LMs as HookedTransformers: `from_hf(model_or_local_dir)`.
 
 Supported: GPT-2 (learned APE), GPT-NeoX / Pythia (rotary on part of each head), Bloom
-(ALiBi), Llama, Mistral and Qwen2 (rotary, grouped-query attention). The weights go through
-TransformerLens 3.9's own converters (`transformer_lens.pretrained.weight_conversions`); the
-HookedTransformerConfig is built here from the transformers config, because TL's
-`convert_hf_model_config` wants a hub name or directory (not an in-memory model) and fails on
-GPT-2 under transformers 5 (no `n_ctx`).
+(ALiBi), Llama, Mistral and Qwen2 (rotary, grouped-query attention), and SmolLM3 (RoPE or NoPE
+per layer, `no_rope_layers`: 1 = RoPE, 0 = NoPE), which becomes our own per-layer model
+(`build_model(..., layer_pe=[...])`'s class). The weights go through TransformerLens 3.9's own
+converters (`transformer_lens.pretrained.weight_conversions`); the HookedTransformerConfig is
+built here from the transformers config, because TL's `convert_hf_model_config` wants a hub
+name or directory (not an in-memory model) and fails on GPT-2 under transformers 5 (no `n_ctx`).
 
 Nothing is folded or centred: the converted model computes what the Hugging Face one does, in
 the same basis, so `hook_resid_*` are the Hugging Face hidden states. (TL's LayerNorm folding
@@ -13,9 +14,10 @@ into the unembedding also goes wrong when d_vocab == d_model.)
 
 Nothing downloads: a directory is read with `from_pretrained(dir, local_files_only=True)`,
 never with remote code, and a tokenizer is attached as given (TL's `set_tokenizer` would
-re-load it by name). The converted model records what the analyses need as plain
-attributes: `pe` (one of nopeinterp's PE names, e.g. "rotary"), `layer_pe` (a list: that PE
-per layer, as on our own models), `pe_options` and `hf_architecture`.
+re-load it by name). Each layer's PE, for the analyses: `nopeinterp.models.layer_pes(model)`
+(from our per-layer model for SmolLM3, from `cfg.positional_embedding_type` for the others:
+GPT-2 "ape", NeoX/Llama/Mistral/Qwen2 "rotary", Bloom "alibi"); `model.pe_options` holds the
+rotary fraction and base; `model.hf_architecture` the transformers class name.
 """
 
 from __future__ import annotations
@@ -228,6 +230,12 @@ def _llama_config(c, arch, n_ctx):
     }
 
 
+# The HookedTransformerConfig fields our own per-layer model takes from a converted config.
+_OWN_MODEL_CFG = (
+    "d_model d_head n_heads d_mlp n_layers n_ctx eps d_vocab act_fn normalization_type "
+    "final_rms gated_mlp rotary_dim rotary_base rotary_adjacent_pairs dtype default_prepend_bos"
+).split()
+
 FAMILIES: dict[str, _Family] = {
     "GPT2LMHeadModel": _Family("ape", "convert_gpt2_weights", _gpt2_config),
     "GPTNeoXForCausalLM": _Family("rotary", "convert_neox_weights", _neox_config),
@@ -235,6 +243,8 @@ FAMILIES: dict[str, _Family] = {
     "LlamaForCausalLM": _Family("rotary", "convert_llama_weights", _llama_config),
     "MistralForCausalLM": _Family("rotary", "convert_mistral_weights", _llama_config),
     "Qwen2ForCausalLM": _Family("rotary", "convert_qwen2_weights", _llama_config),
+    # RoPE or NoPE per layer (`no_rope_layers`): our own per-layer model (see _per_layer_model)
+    "SmolLM3ForCausalLM": _Family("per-layer", "convert_llama_weights", _llama_config),
 }
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 
@@ -364,6 +374,8 @@ def from_hf(
     )
     with torch.no_grad():
         state_dict = getattr(weight_conversions, family.converter)(hf, cfg)
+        if family.pe == "per-layer":
+            return _finish(_per_layer_model(hf_config, cfg, state_dict), tokenizer, arch)
         with tl_deprecation_silenced():
             model = HookedTransformer(cfg, move_to_device=False)
         if family.pe == "alibi":
@@ -381,18 +393,60 @@ def from_hf(
             refactor_factored_attn_matrices=False,
         )
     model.to(cfg.device, print_details=False)
-    if tokenizer is not None:
-        model.tokenizer = tokenizer  # not set_tokenizer: that re-loads it by name
-        model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
-    model.pe = family.pe
-    model.layer_pe = [family.pe] * cfg.n_layers
     model.pe_options = (
         {"fraction": cfg.rotary_dim / cfg.d_head, "base": cfg.rotary_base}
         if family.pe == "rotary"
         else {}
     )
+    return _finish(model, tokenizer, arch)
+
+
+def _finish(model, tokenizer, arch: str):
+    if tokenizer is not None:
+        model.tokenizer = tokenizer  # not set_tokenizer: that re-loads it by name
+        model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
     model.hf_architecture = arch
     return model.eval()
+
+
+def _per_layer_model(hf_config, cfg: HookedTransformerConfig, state_dict: dict):
+    """SmolLM3 as our own per-layer model: `no_rope_layers[i]` 1 -> "rotary", 0 -> "nope".
+
+    Our attention has one K/V head per query head, so grouped K/V weights are repeated per
+    query head (head h reads group h // (n_heads / n_kv), as transformers' repeat_kv does):
+    the same logits, with hook_k / hook_v showing each group once per head it serves.
+    """
+    from nopeinterp.models.registry import MODEL_CLASSES
+
+    layer_pe = ["rotary" if flag else "nope" for flag in hf_config.no_rope_layers]
+    if len(layer_pe) != cfg.n_layers:
+        raise HFModelError(
+            f"SmolLM3ForCausalLM: no_rope_layers has {len(layer_pe)} entries for "
+            f"{cfg.n_layers} layers"
+        )
+    kwargs = {k: v for k, v in cfg.to_dict().items() if k in _OWN_MODEL_CFG}
+    kwargs.update(n_key_value_heads=None, original_architecture=None, device="cpu")
+    own_cfg = HookedTransformerConfig(**kwargs)
+    pe = "rotary" if "rotary" in layer_pe else "nope"
+    options = {"fraction": cfg.rotary_dim / cfg.d_head, "base": cfg.rotary_base}
+    with torch.random.fork_rng(devices=[]):  # our init draws numbers; leave the caller's RNG
+        model = MODEL_CLASSES[pe](own_cfg, layer_pe=layer_pe, **(options if pe == "rotary" else {}))
+    repeat = cfg.n_heads // (cfg.n_key_value_heads or cfg.n_heads)
+    own = {}
+    for key, value in state_dict.items():
+        block, _, name = key.rpartition(".")
+        if name in ("_W_K", "_W_V", "_b_K", "_b_V"):
+            key, value = f"{block}.{name[1:]}", value.repeat_interleave(repeat, dim=0)
+        own[key] = value
+    missing, unexpected = model.load_state_dict(own, strict=False)
+    # our per-layer model keeps TL's buffers (masks, rotary tables) out of the converted dict
+    if unexpected or any(not _is_buffer(model, key) for key in missing):
+        raise HFModelError(f"SmolLM3ForCausalLM: weights do not fit ({missing}, {unexpected})")
+    return model.to(cfg.device, print_details=False)
+
+
+def _is_buffer(model, key: str) -> bool:
+    return key in dict(model.named_buffers())
 
 
 __all__ = ["DEFAULT_MAX_CTX", "SUPPORTED_ARCHITECTURES", "HFModelError", "from_hf"]
