@@ -356,6 +356,9 @@ def test_pickled_weights_never_run_code(tmp_path):
         ("qwen2", {"sliding_window": 4, "use_sliding_window": True}, "sliding-window"),
         ("bloom", {"apply_residual_connection_post_layernorm": True}, "post_layernorm"),
         ("neox", {"hidden_act": "quick_gelu"}, "activation 'quick_gelu'"),
+        ("smollm3", {"sliding_window": 4, "use_sliding_window": True}, "sliding-window"),
+        ("smollm3", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0,
+                                         "rope_theta": 1e4}}, "RoPE scaling 'dynamic'"),
     ],
 )  # fmt: skip
 def test_unsupported_options_are_refused(name, overrides, what):
@@ -373,3 +376,38 @@ def test_dtype_and_device_are_kept(name):
     toks = tokens()
     with torch.no_grad():
         torch.testing.assert_close(model(toks), hf(toks).logits, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+        {"rope_type": "linear", "factor": 2.0},
+    ],
+)
+def test_smollm3_rope_scaling_matches_transformers(rope):
+    """SmolLM3's rope_parameters become our rotary layers' RoPE scaling (nopeinterp's
+    set_rope_scaling); at 40 tokens, past the 16 of yarn's original context."""
+    rope = {**rope, "rope_theta": 10000.0}
+    hf = tiny_hf("smollm3", rope_parameters=rope)
+    hf = type(hf)(hf.config).eval()  # rebuild with the scaled rotary embedding
+    plain = tiny_hf("smollm3")
+    toks = tokens(length=40)
+    with torch.no_grad():  # the scaling changes transformers' logits: the match is not vacuous
+        assert (hf(toks).logits - plain(toks).logits).abs().max() > 100 * ATOL
+    model = from_hf(hf)
+    assert model.pe_options["rope_scaling"]["rope_type"] == rope["rope_type"]
+    assert_logits_match(model, hf, toks)
+    mask = left_padding(toks)
+    with torch.no_grad():
+        got = model(toks, attention_mask=mask)
+        for row in range(toks.shape[0]):
+            real = mask[row].bool()
+            alone = hf(toks[row : row + 1, real]).logits[0]
+            torch.testing.assert_close(got[row, real], alone, atol=ATOL, rtol=0)
+
+
+def test_smollm3_layer_list_must_fit():
+    hf = tiny_hf("smollm3")
+    hf.config.no_rope_layers = [1, 0]  # transformers itself would fail to build this model
+    one_line_error(lambda: from_hf(hf), "no_rope_layers has 2 entries for 4 layers")

@@ -99,20 +99,30 @@ def _act(hf_config, arch: str, name: str) -> str:
     return _ACTIVATIONS[act]
 
 
-def _rope(hf_config, arch: str) -> tuple[float, float]:
-    """(rope_theta, partial_rotary_factor) of a transformers config (v5 `rope_parameters`, or
-    the older top-level fields). Only unscaled RoPE is supported."""
+def _rope(hf_config, arch: str, scaled: bool = False) -> tuple[float, float, dict | None]:
+    """(rope_theta, partial_rotary_factor, RoPE scaling or None) of a transformers config (v5
+    `rope_parameters`, or the older top-level fields). RoPE scaling only where `scaled`."""
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
-    scaling = getattr(hf_config, "rope_scaling", None) or {}
-    rope_type = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-    _require(rope_type == "default", arch, f"RoPE scaling {rope_type!r}")
-    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
-    fraction = params.get(
+    params.update(getattr(hf_config, "rope_scaling", None) or {})
+    rope_type = params.pop("rope_type", params.pop("type", "default"))
+    # linear and yarn match transformers in tests/test_hf.py; dynamic NTK does not (yet)
+    _require(
+        rope_type == "default" or (scaled and rope_type in ("linear", "yarn")),
+        arch,
+        f"RoPE scaling {rope_type!r}",
+    )
+    theta = params.pop("rope_theta", getattr(hf_config, "rope_theta", None))
+    fraction = params.pop(
         "partial_rotary_factor",
         getattr(hf_config, "partial_rotary_factor", getattr(hf_config, "rotary_pct", 1.0)),
     )
     _require(theta is not None, arch, "a config without rope_theta")
-    return float(theta), float(fraction)
+    scaling = None
+    if rope_type == "yarn":  # transformers' default for the length the model was trained at
+        params.setdefault("original_max_position_embeddings", hf_config.max_position_embeddings)
+    if rope_type != "default":
+        scaling = {"rope_type": rope_type, **params}
+    return float(theta), float(fraction), scaling
 
 
 def _ctx(limit: int | None, n_ctx: int | None, arch: str, hard: bool) -> int:
@@ -147,7 +157,7 @@ def _gpt2_config(c, arch, n_ctx):
 
 def _neox_config(c, arch, n_ctx):
     _require(getattr(c, "attention_bias", True), arch, "attention_bias=False")
-    theta, fraction = _rope(c, arch)
+    theta, fraction, _ = _rope(c, arch)
     d_head = c.hidden_size // c.num_attention_heads
     return {
         "d_model": c.hidden_size,
@@ -197,7 +207,8 @@ def _llama_config(c, arch, n_ctx):
     # Mistral slides its window in every layer (TL: local attention over the last `window`
     # keys, as transformers' mask); Qwen2 only in some, which TL cannot express.
     _require(window is None or arch == "MistralForCausalLM", arch, "sliding-window attention")
-    theta, fraction = _rope(c, arch)
+    # RoPE scaling: in our per-layer model only (set in _per_layer_model)
+    theta, fraction, _ = _rope(c, arch, scaled=arch == "SmolLM3ForCausalLM")
     d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     n_kv = c.num_key_value_heads or c.num_attention_heads
     return {
@@ -416,6 +427,7 @@ def _per_layer_model(hf_config, cfg: HookedTransformerConfig, state_dict: dict):
     query head (head h reads group h // (n_heads / n_kv), as transformers' repeat_kv does):
     the same logits, with hook_k / hook_v showing each group once per head it serves.
     """
+    from nopeinterp.models import set_rope_scaling
     from nopeinterp.models.registry import MODEL_CLASSES
 
     layer_pe = ["rotary" if flag else "nope" for flag in hf_config.no_rope_layers]
@@ -428,9 +440,17 @@ def _per_layer_model(hf_config, cfg: HookedTransformerConfig, state_dict: dict):
     kwargs.update(n_key_value_heads=None, original_architecture=None, device="cpu")
     own_cfg = HookedTransformerConfig(**kwargs)
     pe = "rotary" if "rotary" in layer_pe else "nope"
-    options = {"fraction": cfg.rotary_dim / cfg.d_head, "base": cfg.rotary_base}
-    with torch.random.fork_rng(devices=[]):  # our init draws numbers; leave the caller's RNG
-        model = MODEL_CLASSES[pe](own_cfg, layer_pe=layer_pe, **(options if pe == "rotary" else {}))
+    options, scaling = {}, None
+    if pe == "rotary":
+        scaling = _rope(hf_config, "SmolLM3ForCausalLM", scaled=True)[2]
+        options = {"fraction": cfg.rotary_dim / cfg.d_head, "base": cfg.rotary_base}
+    with torch.random.fork_rng(devices=[]):  # our init draws numbers: leave the caller's
+        model = MODEL_CLASSES[pe](own_cfg, layer_pe=layer_pe, **options)
+    if scaling is not None:
+        try:  # set_rope_scaling also rebuilds the rotary tables (the constructor does not)
+            set_rope_scaling(model, scaling)
+        except ValueError as err:  # a RoPE scaling our rotary layers do not implement
+            raise HFModelError(f"SmolLM3ForCausalLM: {_reason(err)}") from None
     repeat = cfg.n_heads // (cfg.n_key_value_heads or cfg.n_heads)
     own = {}
     for key, value in state_dict.items():
