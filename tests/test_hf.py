@@ -357,8 +357,10 @@ def test_pickled_weights_never_run_code(tmp_path):
         ("bloom", {"apply_residual_connection_post_layernorm": True}, "post_layernorm"),
         ("neox", {"hidden_act": "quick_gelu"}, "activation 'quick_gelu'"),
         ("smollm3", {"sliding_window": 4, "use_sliding_window": True}, "sliding-window"),
-        ("smollm3", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0,
-                                         "rope_theta": 1e4}}, "RoPE scaling 'dynamic'"),
+        ("smollm3", {"rope_parameters": {"rope_type": "llama3", "factor": 2.0, "rope_theta": 1e4,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 16}},
+         "RoPE scaling 'llama3'"),
     ],
 )  # fmt: skip
 def test_unsupported_options_are_refused(name, overrides, what):
@@ -379,23 +381,25 @@ def test_dtype_and_device_are_kept(name):
 
 
 @pytest.mark.parametrize(
-    "rope",
+    "rope, length",
     [
-        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
-        {"rope_type": "linear", "factor": 2.0},
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}, 40),
+        ({"rope_type": "linear", "factor": 2.0}, 40),
+        # transformers grows dynamic NTK's base past max_position_embeddings (64 here)
+        ({"rope_type": "dynamic", "factor": 2.0}, 100),
     ],
 )
-def test_smollm3_rope_scaling_matches_transformers(rope):
+def test_smollm3_rope_scaling_matches_transformers(rope, length):
     """SmolLM3's rope_parameters become our rotary layers' RoPE scaling (nopeinterp's
-    set_rope_scaling); at 40 tokens, past the 16 of yarn's original context."""
+    set_rope_scaling), at lengths where the scaling changes transformers' logits."""
     rope = {**rope, "rope_theta": 10000.0}
     hf = tiny_hf("smollm3", rope_parameters=rope)
     hf = type(hf)(hf.config).eval()  # rebuild with the scaled rotary embedding
     plain = tiny_hf("smollm3")
-    toks = tokens(length=40)
+    toks = tokens(length=length)
     with torch.no_grad():  # the scaling changes transformers' logits: the match is not vacuous
         assert (hf(toks).logits - plain(toks).logits).abs().max() > 100 * ATOL
-    model = from_hf(hf)
+    model = from_hf(hf, n_ctx=128)
     assert model.pe_options["rope_scaling"]["rope_type"] == rope["rope_type"]
     assert_logits_match(model, hf, toks)
     mask = left_padding(toks)

@@ -105,9 +105,8 @@ def _rope(hf_config, arch: str, scaled: bool = False) -> tuple[float, float, dic
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
     params.update(getattr(hf_config, "rope_scaling", None) or {})
     rope_type = params.pop("rope_type", params.pop("type", "default"))
-    # linear and yarn match transformers in tests/test_hf.py; dynamic NTK does not (yet)
     _require(
-        rope_type == "default" or (scaled and rope_type in ("linear", "yarn")),
+        rope_type == "default" or (scaled and rope_type in ("linear", "dynamic", "yarn")),
         arch,
         f"RoPE scaling {rope_type!r}",
     )
@@ -120,6 +119,8 @@ def _rope(hf_config, arch: str, scaled: bool = False) -> tuple[float, float, dic
     scaling = None
     if rope_type == "yarn":  # transformers' default for the length the model was trained at
         params.setdefault("original_max_position_embeddings", hf_config.max_position_embeddings)
+    if rope_type == "dynamic":  # transformers grows the base past max_position_embeddings
+        params["original_max_position_embeddings"] = hf_config.max_position_embeddings
     if rope_type != "default":
         scaling = {"rope_type": rope_type, **params}
     return float(theta), float(fraction), scaling
