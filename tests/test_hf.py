@@ -415,3 +415,23 @@ def test_smollm3_layer_list_must_fit():
     hf = tiny_hf("smollm3")
     hf.config.no_rope_layers = [1, 0]  # transformers itself would fail to build this model
     one_line_error(lambda: from_hf(hf), "no_rope_layers has 2 entries for 4 layers")
+
+
+def test_llama3_rope_scaling_matches_transformers():
+    """Llama 3's RoPE scaling (NTK-by-parts) runs in TL's own rotary, at 40 tokens where it
+    changes transformers' logits (past the 16 of its original context)."""
+    rope = {"rope_type": "llama3", "factor": 4.0, "rope_theta": 10000.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
+    hf = tiny_hf("llama-gqa", rope_parameters=rope)
+    hf = type(hf)(hf.config).eval()  # rebuild with the scaled rotary embedding
+    toks = tokens(length=40)
+    with torch.no_grad():
+        assert (hf(toks).logits - tiny_hf("llama-gqa")(toks).logits).abs().max() > 100 * ATOL
+    model = from_hf(hf)
+    assert model.cfg.use_NTK_by_parts_rope and model.cfg.NTK_by_parts_factor == 4.0
+    assert_logits_match(model, hf, toks)
+    mask = left_padding(toks)
+    with torch.no_grad():
+        got = model(toks, attention_mask=mask)
+        real = mask[2].bool()
+        torch.testing.assert_close(got[2, real], hf(toks[2:, real]).logits[0], atol=ATOL, rtol=0)

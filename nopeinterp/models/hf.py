@@ -83,7 +83,7 @@ class BloomAttention(Attention):
 
 @dataclass(frozen=True)
 class _Family:
-    pe: str  # nopeinterp's name for the family's positional encoding
+    pe: str  # the kind of conversion: "ape", "rotary", "alibi" or "per-layer" (SmolLM3)
     converter: str  # function name in transformer_lens.pretrained.weight_conversions
     config: Any  # hf_config -> HookedTransformerConfig keyword arguments
 
@@ -99,14 +99,14 @@ def _act(hf_config, arch: str, name: str) -> str:
     return _ACTIVATIONS[act]
 
 
-def _rope(hf_config, arch: str, scaled: bool = False) -> tuple[float, float, dict | None]:
+def _rope(hf_config, arch: str, scaled=()) -> tuple[float, float, dict | None]:
     """(rope_theta, partial_rotary_factor, RoPE scaling or None) of a transformers config (v5
-    `rope_parameters`, or the older top-level fields). RoPE scaling only where `scaled`."""
+    `rope_parameters`, or the older top-level fields); `scaled`: the RoPE scalings allowed."""
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
     params.update(getattr(hf_config, "rope_scaling", None) or {})
     rope_type = params.pop("rope_type", params.pop("type", "default"))
     _require(
-        rope_type == "default" or (scaled and rope_type in ("linear", "dynamic", "yarn")),
+        rope_type == "default" or rope_type in scaled,
         arch,
         f"RoPE scaling {rope_type!r}",
     )
@@ -208,8 +208,8 @@ def _llama_config(c, arch, n_ctx):
     # Mistral slides its window in every layer (TL: local attention over the last `window`
     # keys, as transformers' mask); Qwen2 only in some, which TL cannot express.
     _require(window is None or arch == "MistralForCausalLM", arch, "sliding-window attention")
-    # RoPE scaling: in our per-layer model only (set in _per_layer_model)
-    theta, fraction, _ = _rope(c, arch, scaled=arch == "SmolLM3ForCausalLM")
+    # RoPE scaling: Llama 3's in TL (NTK-by-parts), the others in our per-layer model
+    theta, fraction, scaling = _rope(c, arch, scaled=_SCALINGS.get(arch, ()))
     d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     n_kv = c.num_key_value_heads or c.num_attention_heads
     return {
@@ -239,7 +239,24 @@ def _llama_config(c, arch, n_ctx):
             else {}
         ),
         "window_size": window,
+        **(
+            {
+                "use_NTK_by_parts_rope": True,
+                "NTK_original_ctx_len": scaling["original_max_position_embeddings"],
+                "NTK_by_parts_low_freq_factor": scaling["low_freq_factor"],
+                "NTK_by_parts_high_freq_factor": scaling["high_freq_factor"],
+                "NTK_by_parts_factor": scaling["factor"],
+            }
+            if scaling is not None and scaling["rope_type"] == "llama3"
+            else {}
+        ),
     }
+
+
+_SCALINGS = {  # RoPE scalings whose logits match transformers' (tests/test_hf.py)
+    "LlamaForCausalLM": ("llama3",),
+    "SmolLM3ForCausalLM": ("linear", "dynamic", "yarn"),
+}
 
 
 # The HookedTransformerConfig fields our own per-layer model takes from a converted config.
@@ -443,7 +460,8 @@ def _per_layer_model(hf_config, cfg: HookedTransformerConfig, state_dict: dict):
     pe = "rotary" if "rotary" in layer_pe else "nope"
     options, scaling = {}, None
     if pe == "rotary":
-        scaling = _rope(hf_config, "SmolLM3ForCausalLM", scaled=True)[2]
+        arch = "SmolLM3ForCausalLM"
+        scaling = _rope(hf_config, arch, scaled=_SCALINGS[arch])[2]
         options = {"fraction": cfg.rotary_dim / cfg.d_head, "base": cfg.rotary_base}
     with torch.random.fork_rng(devices=[]):  # our init draws numbers: leave the caller's
         model = MODEL_CLASSES[pe](own_cfg, layer_pe=layer_pe, **options)
