@@ -8,6 +8,11 @@ converters (`transformer_lens.pretrained.weight_conversions`); the HookedTransfo
 built here from the transformers config, because TL's `convert_hf_model_config` wants a hub
 name or directory (not an in-memory model) and fails on GPT-2 under transformers 5 (no `n_ctx`).
 
+RoPE scaling: Llama 3's ("llama3") in TL's own rotary; "linear", "dynamic" and "yarn" on
+SmolLM3, in our rotary layers (`set_rope_scaling`); anything else is refused. Unsupported
+options (biases Llama has not, Qwen2's partial sliding window, post-LN Bloom, ...) raise
+HFModelError, one line, rather than convert to a different model.
+
 Nothing is folded or centred: the converted model computes what the Hugging Face one does, in
 the same basis, so `hook_resid_*` are the Hugging Face hidden states. (TL's LayerNorm folding
 into the unembedding also goes wrong when d_vocab == d_model.)
