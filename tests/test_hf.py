@@ -1,6 +1,8 @@
 """from_hf: tiny random Hugging Face models (built offline from config classes) converted to
 HookedTransformers must compute transformers' own logits, with and without left padding."""
 
+import os
+
 import pytest
 import torch
 import transformers as tf
@@ -330,11 +332,11 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
 
 class _RunsCode:
     def __reduce__(self):
-        return (open, (self.path, "w"))
+        return (os.mkdir, (self.path,))
 
 
 def test_pickled_weights_never_run_code(tmp_path):
-    """A pytorch_model.bin whose pickle would create a file is refused, and nothing runs."""
+    """A pytorch_model.bin whose pickle would make a directory is refused, and nothing runs."""
     evil = _RunsCode()
     evil.path = str(tmp_path / "ran")
     model_dir = tmp_path / "model"
