@@ -1,4 +1,6 @@
-"""Shared helpers of the analysis scripts: finding checkpoints, and writing tables and figures.
+"""Shared helpers of the analysis scripts: their command line, and writing tables and figures.
+
+Checkpoints are found and named by `nopeinterp.zoo` (as the CLI and the main job do).
 
 Every script in analyses/ is `python analyses/<name>.py [--checkpoints DIR] [--quick] [--out DIR]`
 and writes into analyses/results/ by default. Nothing here computes a result: the numbers come
@@ -9,72 +11,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "analyses" / "results"
-PE_ORDER = ("nope", "t5", "alibi", "rotary", "sinusoidal", "ape")
-# <task>-<pe>.pt, or <task>-<pe>-seed<k>.pt for further seeds (NoPE-prime: <task>-nope-seed1.pt)
-_NAME = re.compile(rf"^(?P<task>.+?)-(?P<pe>{'|'.join(PE_ORDER)})(?:-seed(?P<seed>\d+))?$")
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    path: Path
-    name: str  # file stem, e.g. "scan-nope-seed1"
-    task: str
-    pe: str
-    seed: int
-    in_progress: bool  # a <name>.pt.state.pt beside it: still training (best-so-far weights)
-
-    def load(self):
-        from nopeinterp.checkpoint import load_checkpoint
-
-        return load_checkpoint(self.path)
-
-
-def discover(directories, tasks=None) -> list[CheckpointInfo]:
-    """Checkpoints named `<task>-<pe>[-seed<k>].pt` in one folder or several, by task, PE
-    order, seed.
-
-    Files that do not follow the pattern (and training state files) are ignored. The seed is
-    the one in the name (`-seed<k>`), else 0. A name found in two folders is taken from the
-    first (e.g. `checkpoints/` before a folder of extra seeds that repeats NoPE-prime).
-    """
-    if isinstance(directories, str | Path):
-        directories = [directories]
-    found, seen = [], set()
-    for directory in map(Path, directories):
-        if not directory.is_dir():
-            raise SystemExit(f"no checkpoint directory {directory}: see checkpoints/README.md")
-        for p in sorted(directory.glob("*.pt")):
-            if p.name.endswith(".state.pt") or p.stem in seen:
-                continue
-            m = _NAME.match(p.stem)
-            if not m or (tasks and m["task"] not in tasks):
-                continue
-            seen.add(p.stem)
-            found.append(
-                CheckpointInfo(
-                    path=p,
-                    name=p.stem,
-                    task=m["task"],
-                    pe=m["pe"],
-                    seed=int(m["seed"] or 0),
-                    in_progress=p.with_name(p.name + ".state.pt").exists(),
-                )
-            )
-    if not found:
-        raise SystemExit(f"no <task>-<pe>.pt checkpoints in {', '.join(map(str, directories))}")
-    found.sort(key=lambda c: (c.task, PE_ORDER.index(c.pe), c.seed))
-    in_progress = [c.name for c in found if c.in_progress]
-    if in_progress:
-        print(f"note: still training (best-so-far weights): {', '.join(in_progress)}")
-    return found
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -94,16 +36,6 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 def task_filter(args) -> list[str] | None:
     return [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
-
-
-def over_seeds(df: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataFrame:
-    """Mean, min and max over training seeds of each of `values` per `keys` (df: one row per
-    checkpoint and `keys`), and n_seeds: the spread across training runs."""
-    g = df.groupby(keys, sort=False)
-    out = g[values].agg(["mean", "min", "max"])
-    out.columns = [f"{value}_{stat}" for value, stat in out.columns]
-    out["n_seeds"] = g.size()
-    return out.reset_index()
 
 
 def _cell(v) -> str:

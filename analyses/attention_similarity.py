@@ -23,14 +23,13 @@ training runs, which the bootstrap over examples does not see.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
+from _common import parser, print_written, write_figure, write_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import discover, over_seeds, parser, print_written, write_figure, write_table  # noqa: E402
+from nopeinterp.zoo import checkpoint_name, find_checkpoints, over_seeds
 
 # Kazemnejad et al. 2023, SCAN, mean over lengths, their "jsd" (= our paper_compat); their
 # APE is sinusoidal.
@@ -65,10 +64,6 @@ def side_by_side(ours: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def seed_name(task: str, pe: str, seed: int) -> str:
-    return f"{task}-{pe}" + (f"-seed{seed}" if seed else "")
-
-
 def across_seeds(infos: dict, task: str, common: dict) -> pd.DataFrame:
     """True-JSD ranking per seed with a complete set of PEs (see the module docstring)."""
     from nopeinterp.similarity import compare_attention
@@ -77,7 +72,7 @@ def across_seeds(infos: dict, task: str, common: dict) -> pd.DataFrame:
     seeds = sorted(
         s
         for s in {i.seed for i in infos.values()}
-        if all(seed_name(task, pe, s) in infos for pe in ["nope", *pes])
+        if all(checkpoint_name(task, pe, s) in infos for pe in ["nope", *pes])
     )
     if len(seeds) < 2:
         return pd.DataFrame()
@@ -86,9 +81,9 @@ def across_seeds(infos: dict, task: str, common: dict) -> pd.DataFrame:
         prime = seeds[(k + 1) % len(seeds)]
         t0 = time.perf_counter()
         result = compare_attention(
-            infos[seed_name(task, "nope", s)].load(),
-            {pe: infos[seed_name(task, pe, s)].load() for pe in pes},
-            nope_prime=infos[seed_name(task, "nope", prime)].load(),
+            infos[checkpoint_name(task, "nope", s)].load(),
+            {pe: infos[checkpoint_name(task, pe, s)].load() for pe in pes},
+            nope_prime=infos[checkpoint_name(task, "nope", prime)].load(),
             heads="min",
             **common,
         )
@@ -122,7 +117,7 @@ def main(argv=None) -> list[Path]:
     n_per_length = args.n_per_length or (2 if args.quick else 10)
     from nopeinterp.similarity import compare_attention
 
-    infos = {i.name: i for i in discover(args.checkpoints, [args.task])}
+    infos = {i.name: i for i in find_checkpoints(args.checkpoints, [args.task])}
     nope_name, prime_name = f"{args.task}-nope", f"{args.task}-nope-seed1"
     if nope_name not in infos:
         raise SystemExit(f"no {nope_name}.pt in {args.checkpoints}")

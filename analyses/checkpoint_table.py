@@ -12,8 +12,9 @@ import argparse
 from pathlib import Path
 
 from nopeinterp import load_checkpoint
-from nopeinterp.evaluation import evaluate, summarize
+from nopeinterp.evaluation import evaluate
 from nopeinterp.viz.html import atomic_write_text
+from nopeinterp.zoo import checkpoint_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,12 +44,10 @@ def main():
     args = parser.parse_args()
     directory = Path(args.checkpoints)
     rows, first = [], None
-    for path in sorted(directory.glob("*.pt")):
-        if path.name.endswith(".state.pt"):
-            continue
+    for path in checkpoint_files(directory):
         ckpt = load_checkpoint(path)
         first = first or ckpt
-        summary = summarize(evaluate(ckpt, n=args.n, name=path.stem, progress=False))
+        summary = evaluate(ckpt, n=args.n, progress=False).summary
         summary = summary.set_index("split")
         meta = ckpt.meta
         acc = {
@@ -73,9 +72,7 @@ def main():
         + "\n".join(rows)
         + "\n"
     )
-    total = sum(
-        p.stat().st_size for p in directory.glob("*.pt") if not p.name.endswith(".state.pt")
-    )
+    total = sum(p.stat().st_size for p in checkpoint_files(directory))
     text += f"\nTotal: {total / 2**20:.1f} MB.\n"
     atomic_write_text(directory / "README.md", text)
     print(f"wrote {directory / 'README.md'}")

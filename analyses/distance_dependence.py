@@ -3,7 +3,7 @@ and where attention goes (the paper's "NoPE and T5 attention is bimodal" observa
 
     python analyses/distance_dependence.py [--checkpoints checkpoints] [--quick]
 
-For every checkpoint, `nopeinterp.probing.distance_dependence_checkpoint` on `n_eval` ID (val
+For every checkpoint, `nopeinterp.probing.distance_dependence` on `n_eval` ID (val
 pool) and OOD (test pool) sequences: per (split, layer, head) the R2 of the least-squares fit
 logit[n, m] ~ a_row + f(n - m) over the valid causal cells (1 = the head's logits are a
 function of relative distance only), and the attention mass per distance d = n - m (mean over
@@ -20,22 +20,13 @@ shares, counted per layer in `bimodal_heads`.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
+from _common import parser, print_written, task_filter, write_figure, write_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    discover,
-    over_seeds,
-    parser,
-    print_written,
-    task_filter,
-    write_figure,
-    write_table,
-)
+from nopeinterp.zoo import find_checkpoints, over_seeds
 
 IDENT = ["checkpoint", "task", "pe", "seed"]
 
@@ -156,12 +147,12 @@ def main(argv=None) -> list[Path]:
     p.add_argument("--n-eval", type=int, default=None, help="sequences per split (128; --quick 16)")
     args = p.parse_args(argv)
     n_eval = args.n_eval or (16 if args.quick else 128)
-    from nopeinterp.probing import distance_dependence_checkpoint
+    from nopeinterp.probing import distance_dependence
 
     tables, masses, rel_masses = [], [], []
-    for info in discover(args.checkpoints, task_filter(args)):
+    for info in find_checkpoints(args.checkpoints, task_filter(args)):
         t0, c0 = time.perf_counter(), time.process_time()
-        result = distance_dependence_checkpoint(info.load(), n_eval=n_eval, progress=args.progress)
+        result = distance_dependence(info.path, n_eval=n_eval, progress=args.progress)
         ident = {"checkpoint": info.name, "task": info.task, "pe": info.pe, "seed": info.seed}
         tables.append(result.table.assign(**ident))
         masses.append(result.mass.assign(**ident))

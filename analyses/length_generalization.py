@@ -16,23 +16,13 @@ the paper's figures; its APE is sinusoidal) and among all six.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
+from _common import parser, print_written, task_filter, write_figure, write_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    PE_ORDER,
-    discover,
-    over_seeds,
-    parser,
-    print_written,
-    task_filter,
-    write_figure,
-    write_table,
-)
+from nopeinterp.zoo import find_checkpoints, over_seeds, pe_rank
 
 # Kazemnejad et al. 2023, aggregate MRR over 17 task splits x 3 seeds (their APE is sinusoidal)
 PAPER_MRR = {"nope": 0.69, "t5": 0.55, "alibi": 0.50, "rotary": 0.33, "sinusoidal": 0.22}
@@ -109,25 +99,12 @@ def figure(table: pd.DataFrame):
     return fig
 
 
-def evaluate_available(info, n: int, progress: bool) -> tuple[pd.DataFrame, list[int]]:
-    """`evaluate` over the task's ID and OOD lengths; also the lengths it had to skip.
-
-    (`evaluate` skips a length whose held-out pool is empty, e.g. SCAN length 1, with a
-    warning; here the skipped lengths are collected and reported.)
-    """
-    import warnings
-
+def evaluate_available(info, n: int, progress: bool):
+    """`evaluate` over the task's ID and OOD lengths (lengths without held-out examples, e.g.
+    SCAN length 1, are in the result's meta)."""
     from nopeinterp.evaluation import evaluate
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        table = evaluate(info.load(), n=n, name=info.name, progress=progress)
-    skipped = [
-        int(str(w.message).split()[3].rstrip(":"))
-        for w in caught
-        if "skipping length" in str(w.message)
-    ]
-    return table, skipped
+    return evaluate(info.path, n=n, progress=progress)
 
 
 def main(argv=None) -> list[Path]:
@@ -135,14 +112,15 @@ def main(argv=None) -> list[Path]:
     p.add_argument("--n", type=int, default=None, help="examples per length (100; --quick 10)")
     args = p.parse_args(argv)
     n = args.n or (10 if args.quick else 100)
-    from nopeinterp.evaluation import summarize
+    from nopeinterp.evaluation import EvalResult
 
-    infos = discover(args.checkpoints, task_filter(args))
+    infos = find_checkpoints(args.checkpoints, task_filter(args))
     tables = []
     for info in infos:
         t0, c0 = time.perf_counter(), time.process_time()
-        t, skipped = evaluate_available(info, n, args.progress)
-        tables.append(t.assign(seed=info.seed))
+        result = evaluate_available(info, n, args.progress)
+        tables.append(result.table.assign(seed=info.seed))
+        skipped = result.meta.get("lengths_without_examples")
         if skipped:
             print(f"  note: {info.name}: no held-out examples at lengths {skipped}: skipped")
         print(
@@ -152,7 +130,7 @@ def main(argv=None) -> list[Path]:
         )
     table = pd.concat(tables, ignore_index=True)
     seeds = table[["model", "task", "seed"]].drop_duplicates()
-    summary = summarize(table).merge(seeds, on="model")
+    summary = EvalResult(table).summary.merge(seeds, on="model")
     wide = (
         summary.pivot_table(
             index=["task", "model", "pe", "seed"], columns="split", values="accuracy"
@@ -161,7 +139,7 @@ def main(argv=None) -> list[Path]:
         .reset_index()
     )
     wide.columns.name = None
-    wide["_pe"] = wide["pe"].map(PE_ORDER.index)
+    wide["_pe"] = wide["pe"].map(pe_rank)
     wide = wide.sort_values(["task", "seed", "_pe"]).drop(columns="_pe").reset_index(drop=True)
     by_pe = over_seeds(wide, ["task", "pe"], ["ID", "OOD"])
     ood = ood_accuracy(table)

@@ -2,7 +2,7 @@
 
     python analyses/position_probes.py [--checkpoints checkpoints] [--quick]
 
-For every checkpoint of every task, `nopeinterp.probing.probe_position_checkpoint`: ridge
+For every checkpoint of every task, `nopeinterp.probing.probe_position`: ridge
 probes (regression: R2, MAE in positions; one-hot least-squares classifier: accuracy) on the
 residual stream after each block (layer 0 = embeddings), fitted on ID-length sequences, scored
 on held-out ID and on OOD lengths. Its baselines come in the same table: `random_init` (a fresh
@@ -14,22 +14,13 @@ attention alone carries position), `shuffled` (permuted labels) and `constant`. 
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
+from _common import parser, print_written, task_filter, write_figure, write_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    discover,
-    over_seeds,
-    parser,
-    print_written,
-    task_filter,
-    write_figure,
-    write_table,
-)
+from nopeinterp.zoo import find_checkpoints, over_seeds
 
 SEED_VALUES = ["ID r2", "OOD r2", "ID r2 [random_init]", "OOD r2 [random_init]", "ID mae",
                "OOD mae", "ID mae [random_init]", "OOD mae [random_init]"]  # fmt: skip
@@ -83,14 +74,12 @@ def main(argv=None) -> list[Path]:
     args = p.parse_args(argv)
     n_train = args.n_train or (48 if args.quick else 512)
     n_eval = args.n_eval or (24 if args.quick else 256)
-    from nopeinterp.probing import probe_position_checkpoint
+    from nopeinterp.probing import probe_position
 
     tables, pivots = [], []
-    for info in discover(args.checkpoints, task_filter(args)):
+    for info in find_checkpoints(args.checkpoints, task_filter(args)):
         t0, c0 = time.perf_counter(), time.process_time()
-        result = probe_position_checkpoint(
-            info.load(), n_train=n_train, n_eval=n_eval, progress=args.progress
-        )
+        result = probe_position(info.path, n_train=n_train, n_eval=n_eval, progress=args.progress)
         ident = {"checkpoint": info.name, "task": info.task, "pe": info.pe, "seed": info.seed}
         tables.append(result.table.assign(**ident))
         pivot = result.pivot().reset_index()

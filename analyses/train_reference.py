@@ -20,6 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from nopeinterp.zoo import PE_ORDER, checkpoint_name
+
 ROOT = Path(__file__).resolve().parents[1]
 # One architecture for every PE (chosen by measurement: ~6-10 min per model here).
 ARCH = ["--n-layers", "4", "--n-heads", "4", "--d-model", "128"]
@@ -37,7 +39,7 @@ TRAIN = [
 ]
 # SCAN's ID accuracy still climbs after 1500 steps; copy's has plateaued by then.
 STEPS = {"scan": 2500, "copy": 1500}
-PES = ["nope", "t5", "alibi", "rotary", "sinusoidal", "ape"]
+PES = list(PE_ORDER)
 TASKS = ["scan", "copy"]
 
 
@@ -46,18 +48,13 @@ def jobs(out_dir: Path, seeds=None, tasks=TASKS):
     needs first), or with `seeds` every PE at each of those seeds (`<task>-<pe>-seed<k>.pt`)."""
     for task in tasks:
         steps = ["--steps", str(STEPS[task])]
-        runs = [
-            ("nope", "nope", 0),
-            ("t5", "t5", 0),
-            ("nope-seed1", "nope", 1),
-            *[(pe, pe, 0) for pe in PES if pe not in ("nope", "t5")],
-        ]
+        # nope seed 1 is NoPE-prime: the noise floor of the similarity analysis
+        runs = [("nope", 0), ("t5", 0), ("nope", 1), *[(pe, 0) for pe in PES[2:]]]
         if seeds:
-            runs = [(f"{pe}-seed{seed}", pe, seed) for seed in seeds for pe in PES]
-        for name, pe, seed in runs:
-            # nope-seed1 is NoPE-prime: the noise floor of the similarity analysis
+            runs = [(pe, seed) for seed in seeds for pe in PES]
+        for pe, seed in runs:
             yield (
-                out_dir / f"{task}-{name}.pt",
+                out_dir / f"{checkpoint_name(task, pe, seed)}.pt",
                 ["--task", task, "--pe", pe, "--seed", str(seed), *steps],
             )
 

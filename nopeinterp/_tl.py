@@ -10,6 +10,7 @@ import contextlib
 import warnings
 
 from transformer_lens import ActivationCache, HookedTransformer, HookedTransformerConfig
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.components import Attention, LayerNorm, TransformerBlock
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_offset_position_ids
@@ -24,6 +25,11 @@ def tl_deprecation_silenced():
         yield
 
 
+def init_kv_cache(model, batch: int):
+    """An empty TransformerLens KV cache for `batch` sequences on the model's device."""
+    return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch)
+
+
 __all__ = [
     "ActivationCache",
     "Attention",
@@ -33,5 +39,6 @@ __all__ = [
     "LayerNorm",
     "TransformerBlock",
     "get_offset_position_ids",
+    "init_kv_cache",
     "tl_deprecation_silenced",
 ]

@@ -96,196 +96,135 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from nopeinterp.evaluation import evaluate, save_evaluation, summarize
+    from nopeinterp.evaluation import evaluate
 
-    table = evaluate(args.checkpoint, lengths=args.lengths, n=args.n, batch_size=args.batch_size)
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    result = evaluate(args.checkpoint, lengths=args.lengths, n=args.n, batch_size=args.batch_size)
+    print(_fmt(result.table, index=False))
     print()
-    print(summarize(table).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    if args.out:
-        for path in save_evaluation(table, args.out):
-            print(f"wrote {path}")
+    print(_fmt(result.summary, index=False))
+    _save(result, args.out)
     return 0
 
 
-def checkpoint_paths(path) -> list[Path]:
-    """A checkpoint file, or every checkpoint (*.pt, *.safetensors) in a directory."""
-    path = Path(path)
-    if path.is_dir():
-        found = sorted(
-            p
-            for p in path.iterdir()
-            if p.suffix in (".pt", ".safetensors") and not p.name.endswith(".state.pt")
-        )
-        if not found:
-            raise NopeinterpError(f"{path}: no checkpoints (*.pt, *.safetensors) in this directory")
-        return found
-    return [path]
+def _fmt(df, index: bool = True) -> str:
+    return df.to_string(index=index, float_format=lambda v: f"{v:.3f}")
+
+
+def _save(result, out) -> None:
+    if out:
+        paths = result.save(out)
+        print(f"wrote {len(paths)} files to {out}")
 
 
 def _length_range(lengths):
     return (min(lengths), max(lengths)) if lengths else None
 
 
-def _fmt(df) -> str:
-    return df.to_string(float_format=lambda v: f"{v:.3f}")
+def _each_checkpoint(args, analyse, what: str, **params) -> int:
+    """`analyse(path, **flags)` on the checkpoint, or on every checkpoint of a directory: print
+    each result's pivot table and save each under --out (a subfolder per checkpoint for a
+    directory). The flags of `_analysis_flags` are passed on, with `params`."""
+    import pandas as pd
+
+    from nopeinterp.zoo import checkpoint_files
+
+    paths = checkpoint_files(args.checkpoint)
+    many = len(paths) > 1 or Path(args.checkpoint).is_dir()
+    flags = dict(
+        layers=args.layers,
+        id_lengths=_length_range(args.id_lengths),
+        ood_lengths=_length_range(args.ood_lengths),
+        n_eval=args.n_eval,
+        **params,
+    )
+    pivots = []
+    for path in paths:
+        result = analyse(path, **flags)
+        pivots.append(pd.concat({path.stem: result.pivot()}, names=["checkpoint"]))
+        if args.out:
+            result.save(Path(args.out) / path.stem if many else args.out)
+    print(what)
+    print(_fmt(pd.concat(pivots)))
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
 
 
 def cmd_probe_position(args) -> int:
-    import pandas as pd
+    from nopeinterp.probing import probe_position
 
-    from nopeinterp.probing import probe_position_checkpoint
-
-    tables, pivots = [], []
-    for path in checkpoint_paths(args.checkpoint):
-        ckpt = nopeinterp.load_checkpoint(path)
-        result = probe_position_checkpoint(
-            ckpt,
-            layers=args.layers,
-            id_lengths=_length_range(args.train_lengths),
-            ood_lengths=_length_range(args.lengths),
-            n_train=args.n_train,
-            n_eval=args.n_eval,
-        )
-        tables.append(result.table.assign(checkpoint=path.stem))
-        pivots.append(
-            result.pivot()
-            .assign(checkpoint=path.stem)
-            .reset_index()
-            .set_index(["checkpoint", "layer"])
-        )
-        if args.out:
-            result.save(
-                Path(args.out) / path.stem
-                if len(tables) > 1 or Path(args.checkpoint).is_dir()
-                else args.out
-            )
-    print(_fmt(pd.concat(pivots)))
-    if args.out:
-        from nopeinterp.viz.html import atomic_write_text
-
-        atomic_write_text(
-            Path(args.out) / "probe_position_all.csv", pd.concat(tables).to_csv(index=False)
-        )
-        print(f"wrote {args.out}")
-    return 0
+    what = "position probes per layer ([random_init] = same config, untrained):"
+    return _each_checkpoint(args, probe_position, what, n_train=args.n_train)
 
 
 def cmd_probe_distance(args) -> int:
-    import pandas as pd
+    from nopeinterp.probing import distance_dependence
 
-    from nopeinterp.probing import distance_dependence_checkpoint
-
-    tables = []
-    for path in checkpoint_paths(args.checkpoint):
-        ckpt = nopeinterp.load_checkpoint(path)
-        result = distance_dependence_checkpoint(ckpt, layers=args.layers)
-        tables.append(result.table.assign(checkpoint=path.stem))
-        if args.out:
-            result.save(Path(args.out) / path.stem if Path(args.checkpoint).is_dir() else args.out)
-    table = pd.concat(tables)
-    wide = table.pivot_table(index=["checkpoint", "split", "layer"], columns="head", values="score")
-    wide.columns = [f"head {h}" for h in wide.columns]
-    print(_fmt(wide))
-    if args.out:
-        from nopeinterp.viz.html import atomic_write_text
-
-        atomic_write_text(Path(args.out) / "distance_all.csv", table.to_csv(index=False))
-        print(f"wrote {args.out}")
-    return 0
-
-
-def resolve_refs(refs: list[str], directory: Path, task: str | None) -> dict[str, Path]:
-    """--ref values -> {name: path}. A PE name is looked up as <task>-<pe>.pt in `directory`."""
-    from nopeinterp.models import PE_TYPES
-
-    available = {}
-    if directory.is_dir():
-        for p in sorted(directory.glob(f"{task}-*.pt" if task else "*.pt")):
-            if p.name.endswith(".state.pt"):
-                continue
-            pe = p.stem.split("-", 1)[1] if "-" in p.stem else p.stem
-            available.setdefault(pe, p)
-    out: dict[str, Path] = {}
-    for ref in refs:
-        if ref == "all":
-            out.update({pe: p for pe, p in available.items() if pe in PE_TYPES and pe != "nope"})
-        elif Path(ref).suffix in (".pt", ".safetensors") or Path(ref).exists():
-            out[Path(ref).stem] = Path(ref)
-        elif ref in available:
-            out[ref] = available[ref]
-        else:
-            names = ", ".join(sorted(available)) or "none"
-            raise NopeinterpError(
-                f"unknown ref {ref!r}: no {task or '*'}-{ref}.pt in {directory} (available: {names})"
-            )
-    if not out:
-        raise NopeinterpError(f"no reference checkpoints found in {directory}")
-    return out
-
-
-def default_nope(directory: Path, task: str | None) -> Path:
-    """<task>-nope.pt; without a task, scan's (the paper's analysis) or the only one there."""
-    if task:
-        return directory / f"{task}-nope.pt"
-    found = sorted(directory.glob("*-nope.pt")) if directory.is_dir() else []
-    if not found:
-        raise NopeinterpError(f"no NoPE checkpoint (*-nope.pt) in {directory}; give --nope PATH")
-    by_task = {p.name.removesuffix("-nope.pt"): p for p in found}
-    return by_task.get("scan", found[0]) if len(found) > 1 and "scan" in by_task else found[0]
+    what = "distance dependence (R2 of the logits on n - m) per layer and head:"
+    return _each_checkpoint(args, distance_dependence, what)
 
 
 def cmd_compare_attention(args) -> int:
-    from nopeinterp.similarity import attention_data, compare_attention
+    from nopeinterp import zoo
+    from nopeinterp.similarity import compare_attention
 
     directory = Path(args.checkpoints)
-    task = args.task
-    nope_path = Path(args.nope) if args.nope else default_nope(directory, task)
-    nope = nopeinterp.load_checkpoint(nope_path)
-    task = task or nope.task
-    refs = resolve_refs(args.ref, directory, task)
-    refs.pop("nope", None)
-    prime = args.nope_prime
-    if prime is None and (directory / f"{task}-nope-seed1.pt").exists():
-        prime = directory / f"{task}-nope-seed1.pt"
-    refs.pop("nope-seed1", None)
-    from nopeinterp.tasks import get_task
-
-    data = list(
-        attention_data(
-            get_task(task, **nope.meta.get("task_options", {})),
-            nope.tokenizer,
-            n_per_length=args.n_per_length,
-            seed=args.seed,
-        )
-    )
-    if not data:
-        raise NopeinterpError(f"empty data set for task {task!r}")
+    entries = zoo.find_checkpoints(directory) if directory.is_dir() else []
+    if args.nope:
+        nope = Path(args.nope)
+        task = args.task or nopeinterp.load_checkpoint(nope).task
+        prime = args.nope_prime
+    else:
+        if not entries:
+            raise NopeinterpError(f"no checkpoint directory {directory}; give --nope PATH")
+        task = zoo.analysis_task(entries, args.task)
+        nope_entry, prime_entry = zoo.nope_pair(entries, task)
+        nope = nope_entry.path
+        prime = args.nope_prime or (prime_entry.path if prime_entry else None)
+    refs = zoo.references(entries, task, args.ref)
     result = compare_attention(
         nope,
-        {name: str(p) for name, p in refs.items()},
-        data,
-        nope_prime=str(prime) if prime else None,
+        refs,
+        nope_prime=prime,
         heads=args.heads,
         paper_compat=args.paper_compat,
+        n_per_length=args.n,
         seed=args.seed,
     )
     print(f"attention divergence from NoPE ({result.metric}, heads={result.reducer}), {task}:")
-    print(result.ranking.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    if args.out:
-        report = result.save(args.out, title=f"NoPE attention similarity: {task}")
-        print(f"wrote {report}")
+    print(_fmt(result.ranking, index=False))
+    _save(result, args.out)
     return 0
 
 
 def cmd_report(args) -> int:
     from nopeinterp.main_job import run_main_job
 
-    run_main_job(args.checkpoints, args.out, n_eval=args.n_eval, n_per_length=args.n_per_length)
+    run_main_job(args.checkpoints, args.out, n_eval=args.n, n_per_length=args.n_attention)
     return 0
 
 
+# Flags mean one thing everywhere: --n is examples per length, --n-train / --n-eval are
+# sequences per probe split, --id-lengths / --ood-lengths override the task's ranges.
+def _out(p, what="CSV + HTML") -> None:
+    p.add_argument("--out", default=None, help=f"directory for {what}")
+
+
+def _analysis_flags(p) -> None:
+    p.add_argument("checkpoint", help="a checkpoint, or a directory: every checkpoint in it")
+    p.add_argument(
+        "--layers", type=parse_layers, default=None, help="comma-separated, e.g. 0,1 (default all)"
+    )
+    p.add_argument(
+        "--id-lengths", type=parse_lengths, default=None, help="default: the task's ID range"
+    )
+    p.add_argument(
+        "--ood-lengths", type=parse_lengths, default=None, help="default: the task's OOD range"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
+    # No heavy import here: --help and --version answer at once.
     parser = argparse.ArgumentParser(
         prog="nopeinterp",
         description="Train, probe and compare Transformers that differ only in positional encoding.",
@@ -300,12 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint")
     p.set_defaults(func=cmd_info)
 
-    from nopeinterp.models import PE_TYPES
-    from nopeinterp.tasks import TASKS
-
     p = sub.add_parser("train", help="train one model on one task")
-    p.add_argument("--task", required=True, choices=TASKS)
-    p.add_argument("--pe", required=True, choices=PE_TYPES)
+    p.add_argument("--task", required=True, help="copy, reverse, scan, ...")
+    p.add_argument("--pe", required=True, help="nope, t5, alibi, rotary, ape, sinusoidal, ...")
     p.add_argument("--out", required=True, help="path of the best checkpoint (.pt)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=32)
@@ -330,36 +266,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=parse_lengths, default=None, help="default: ID and OOD ranges")
     p.add_argument("--n", type=int, default=200, help="examples per length")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--out", default=None, help="directory for CSV + HTML")
+    _out(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser(
         "probe-position", help="linear probes for absolute position, per layer (Theorem 1)"
     )
-    p.add_argument("checkpoint", help="a checkpoint, or a directory: every checkpoint in it")
-    p.add_argument(
-        "--layers", type=parse_layers, default=None, help="0 = embeddings, l = after block l"
-    )
-    p.add_argument(
-        "--train-lengths",
-        type=parse_lengths,
-        default=None,
-        help="probe fit lengths (default: task ID)",
-    )
-    p.add_argument(
-        "--lengths", type=parse_lengths, default=None, help="OOD lengths (default: task OOD)"
-    )
-    p.add_argument("--n-train", type=int, default=512, help="sequences to fit on")
-    p.add_argument("--n-eval", type=int, default=256, help="sequences per evaluation split")
-    p.add_argument("--out", default=None, help="directory for CSV + HTML")
+    _analysis_flags(p)
+    p.add_argument("--n-train", type=int, default=512, help="sequences to fit the probes on")
+    p.add_argument("--n-eval", type=int, default=256, help="sequences per evaluated split")
+    _out(p)
     p.set_defaults(func=cmd_probe_position)
 
     p = sub.add_parser(
         "probe-distance", help="how much attention logits depend on n-m only (Theorem 2)"
     )
-    p.add_argument("checkpoint", help="a checkpoint, or a directory: every checkpoint in it")
-    p.add_argument("--layers", type=parse_layers, default=None)
-    p.add_argument("--out", default=None, help="directory for CSV + HTML")
+    _analysis_flags(p)
+    p.add_argument("--n-eval", type=int, default=128, help="sequences per evaluated split")
+    _out(p)
     p.set_defaults(func=cmd_probe_distance)
 
     p = sub.add_parser(
@@ -378,21 +302,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="second NoPE seed (default: <dir>/<task>-nope-seed1.pt if present)",
     )
-    p.add_argument("--task", default=None, help="default: the NoPE checkpoint's task")
-    p.add_argument("--n-per-length", type=int, default=10)
+    p.add_argument("--task", default=None, help="default: the NoPE checkpoint's task, else scan")
+    p.add_argument("--n", "--n-per-length", type=int, default=10, help="examples per length")
     p.add_argument("--heads", choices=("min", "hungarian", "same"), default="min")
     p.add_argument(
         "--paper-compat", action="store_true", help="the official code's formula and head pairing"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="directory for CSV + HTML report")
+    _out(p, "CSV + HTML report")
     p.set_defaults(func=cmd_compare_attention)
 
     p = sub.add_parser("report", help="the main job: every analysis on a checkpoint directory")
     p.add_argument("--checkpoints", default="checkpoints")
     p.add_argument("--out", default="reports/main")
-    p.add_argument("--n-eval", type=int, default=20, help="examples per length for exact match")
-    p.add_argument("--n-per-length", type=int, default=10, help="examples per length for JSD")
+    p.add_argument("--n", type=int, default=20, help="examples per length for exact match")
+    p.add_argument("--n-attention", type=int, default=10, help="examples per length for JSD")
     p.set_defaults(func=cmd_report)
     return parser
 

@@ -9,15 +9,17 @@ positions as it would unpadded.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
-from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
-from nopeinterp.tasks import Example, decode_answer, encode_examples, get_task
+from nopeinterp.data import as_model, max_positions, resolve_task, task_examples, task_lengths
+from nopeinterp.results import Result
+from nopeinterp.tasks import Example, decode_answer, encode_examples
 
 
 def _left_pad(batch, pad_id):
@@ -52,16 +54,15 @@ def greedy_decode(
         max_new_tokens = 1 + max(
             len(tokenizer(e.target, add_special_tokens=False)["input_ids"]) for e in examples
         )
-    tokens, mask = _left_pad(prompts, tokenizer.pad_token_id)
+    from nopeinterp._tl import init_kv_cache
+
+    device = model.cfg.device
+    tokens, mask = (t.to(device) for t in _left_pad(prompts, tokenizer.pad_token_id))
     batch = len(examples)
     eos = tokenizer.eos_token_id
-    done = torch.zeros(batch, dtype=torch.bool)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
     generated = []
-    cache = (
-        TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch)
-        if use_cache
-        else None
-    )
+    cache = init_kv_cache(model, batch) if use_cache else None
     logits = model(tokens, attention_mask=mask, past_kv_cache=cache)
     for _ in range(max_new_tokens):
         next_token = logits[:, -1].argmax(-1)
@@ -73,14 +74,14 @@ def greedy_decode(
         if use_cache:
             logits = model(
                 next_token[:, None],
-                attention_mask=torch.ones(batch, 1, dtype=torch.long),
+                attention_mask=torch.ones(batch, 1, dtype=torch.long, device=device),
                 past_kv_cache=cache,
             )
         else:
             tokens = torch.cat([tokens, next_token[:, None]], 1)
-            mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], 1)
+            mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long, device=device)], 1)
             logits = model(tokens, attention_mask=mask)
-    out = torch.stack(generated, 1)
+    out = torch.stack(generated, 1).cpu()
     return [decode_answer(tokenizer, row) for row in out]
 
 
@@ -97,13 +98,64 @@ def exact_match(model, tokenizer, task, examples, *, batch_size=64, use_cache=Tr
     return correct
 
 
-def max_positions(model) -> int | None:
-    """Longest sequence the model can read: n_ctx for learned APE, unlimited otherwise."""
-    return model.cfg.n_ctx if getattr(model, "pe", None) == "ape" else None
+@dataclass(repr=False)
+class EvalResult(Result):
+    """Exact match per length (`table`, one row per model and length) and its ID / OOD
+    `summary`."""
+
+    name: ClassVar[str] = "accuracy"
+    title: ClassVar[str] = "Exact match by length"
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        """ID / OOD accuracy per model: mean over evaluable lengths, weighted by examples.
+
+        A split whose lengths were all not evaluable (learned APE past its table) gets NaN.
+        """
+        table = self.table
+        t = table.assign(
+            ok_correct=table["correct"].where(table["evaluable"], 0),
+            ok_n=table["n"].where(table["evaluable"], 0),
+            not_evaluable=~table["evaluable"].astype(bool),
+        )
+        g = t.groupby(["model", "pe", "split"], sort=False)[
+            ["ok_correct", "ok_n", "not_evaluable"]
+        ].sum()
+        out = pd.DataFrame(
+            {
+                "accuracy": (g["ok_correct"] / g["ok_n"].where(g["ok_n"] > 0)),
+                "n": g["ok_n"].astype(int),
+                "lengths_not_evaluable": g["not_evaluable"].astype(int),
+            }
+        )
+        return out.reset_index()
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        return {"accuracy_by_length": self.table, "accuracy_summary": self.summary}
+
+    def figure(self):
+        from nopeinterp.viz.evaluation import accuracy_figure
+
+        return accuracy_figure(self.table)
+
+    def html_sections(self) -> list:
+        return [
+            ("Accuracy vs length", self.figure()),
+            ("Summary", self.summary),
+            ("Per length", self.table),
+        ]
+
+    @classmethod
+    def concat(cls, results) -> EvalResult:
+        """Several models' results as one (their tables stacked)."""
+        results = list(results)
+        meta = {"models": [r.meta.get("model") for r in results]}
+        return cls(pd.concat([r.table for r in results], ignore_index=True), meta)
 
 
 def evaluate(
-    checkpoint,
+    model,
+    data=None,
     *,
     lengths=None,
     n: int = 200,
@@ -112,49 +164,62 @@ def evaluate(
     use_cache: bool = True,
     progress: bool = True,
     name: str | None = None,
-) -> pd.DataFrame:
-    """Exact-match accuracy per length: one row per length.
+) -> EvalResult:
+    """Exact-match accuracy per length (greedy decoding): one row per length.
 
-    `checkpoint`: a path or a loaded `Checkpoint`. `lengths` default: the task's ID and OOD
-    ranges. ID lengths are drawn from the "val" split, OOD lengths from "test", so no
-    evaluated example was trained on. Columns: model, pe, task, length, split (ID/OOD), n,
-    correct, accuracy, evaluable. A learned-APE model asked for sequences past its table gets
-    evaluable=False and accuracy NaN for those lengths (it cannot read them).
+    `model`: a HookedTransformer, a Checkpoint or a checkpoint path. `data`: the task (a
+    name, a Task, a dict with options, or a (task, tokenizer) pair); None = the checkpoint's
+    task with its options. `lengths` default: the task's ID and OOD ranges. Examples come from
+    the pool `nopeinterp.data` assigns each split (ID: "val", OOD: "test"), so no evaluated
+    example was trained on. Columns: model, pe, task, length, split (ID/OOD), n, correct,
+    accuracy, evaluable. A model asked for sequences past its position table gets
+    evaluable=False and accuracy NaN for those lengths (it cannot read them). Lengths with no
+    held-out example (SCAN length 1) are listed in meta["lengths_without_examples"].
     """
-    from nopeinterp.checkpoint import Checkpoint, load_checkpoint
-
-    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
-    task = get_task(ckpt.meta["task"], **ckpt.meta.get("task_options", {}))
-    id_lo, id_hi = task.id_lengths
+    if n < 1:
+        raise ValueError(f"n (examples per length) must be >= 1, got {n}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    mi = as_model(model, name)
+    if data is None:
+        data = mi.task_spec
+        if data is None:
+            raise ValueError(f"{mi.name}: records no task; pass data= (a task name or Task)")
+    task, tokenizer = resolve_task(data, mi.tokenizer, mi.model)
     if lengths is None:
-        lengths = [*task.split_lengths("train"), *task.split_lengths("test")]
-    limit = max_positions(ckpt.model)
-    name = name or (ckpt.path.stem if ckpt.path else ckpt.pe)
-    rows = []
-    for length in tqdm(list(lengths), desc=f"eval {name}", disable=not progress, leave=False):
-        split = "ID" if id_lo <= length <= id_hi else "OOD"
+        lengths = task_lengths(task)
+    else:
+        lengths = list(lengths)
+        bad = [x for x in lengths if not task.min_length <= x <= task.max_length]
+        if bad:
+            raise ValueError(
+                f"{task.name}: invalid lengths {bad}; this task's lengths are "
+                f"{task.min_length}-{task.max_length} (trained on {task.id_lengths[0]}-"
+                f"{task.id_lengths[1]}, OOD {task.ood_lengths[0]}-{task.ood_lengths[1]})"
+            )
+    limit = max_positions(mi.model)
+    pe = mi.meta.get("pe", getattr(mi.model, "pe", None))
+    rows, skipped = [], []
+    for length in tqdm(list(lengths), desc=f"eval {mi.name}", disable=not progress, leave=False):
         if not task.has_length(length):
             continue
-        try:
-            examples = task.generate(
-                n, lengths=length, seed=seed, split="val" if split == "ID" else "test"
-            )
-        except ValueError as err:  # e.g. SCAN length 1: no held-out command of that length
-            warnings.warn(f"evaluate: skipping length {length}: {err}", stacklevel=2)
+        split, examples = task_examples(task, length, n, seed=seed)
+        if examples is None:  # e.g. SCAN length 1: no held-out command of that length
+            skipped.append(length)
             continue
         row = {
-            "model": name,
-            "pe": ckpt.pe,
+            "model": mi.name,
+            "pe": pe,
             "task": task.name,
             "length": length,
             "split": split,
             "n": len(examples),
         }
-        if limit is not None and max_sequence_length(ckpt.tokenizer, examples) > limit:
+        if limit is not None and max_sequence_length(tokenizer, examples) > limit:
             rows.append({**row, "correct": 0, "accuracy": math.nan, "evaluable": False})
             continue
         correct = exact_match(
-            ckpt.model, ckpt.tokenizer, task, examples, batch_size=batch_size, use_cache=use_cache
+            mi.model, tokenizer, task, examples, batch_size=batch_size, use_cache=use_cache
         )
         rows.append(
             {
@@ -166,53 +231,7 @@ def evaluate(
         )
     if not rows:
         raise ValueError(f"no evaluable lengths among {list(lengths)} for task {task.name}")
-    return pd.DataFrame(rows)
-
-
-def summarize(table: pd.DataFrame) -> pd.DataFrame:
-    """ID / OOD accuracy per model: mean over evaluable lengths, weighted by examples.
-
-    A split whose lengths were all not evaluable (learned APE past its table) gets NaN.
-    """
-    t = table.assign(
-        ok_correct=table["correct"].where(table["evaluable"], 0),
-        ok_n=table["n"].where(table["evaluable"], 0),
-        not_evaluable=~table["evaluable"],
-    )
-    g = t.groupby(["model", "pe", "split"], sort=False)[
-        ["ok_correct", "ok_n", "not_evaluable"]
-    ].sum()
-    out = pd.DataFrame(
-        {
-            "accuracy": (g["ok_correct"] / g["ok_n"].where(g["ok_n"] > 0)),
-            "n": g["ok_n"].astype(int),
-            "lengths_not_evaluable": g["not_evaluable"].astype(int),
-        }
-    )
-    return out.reset_index()
-
-
-def save_evaluation(table: pd.DataFrame, out_dir) -> list:
-    """CSV of the per-length table and summary, and an offline HTML figure."""
-    from pathlib import Path
-
-    from nopeinterp.viz.evaluation import accuracy_figure
-    from nopeinterp.viz.html import atomic_write_text, write_report
-
-    out_dir = Path(out_dir)
-    paths = [
-        atomic_write_text(out_dir / "accuracy_by_length.csv", table.to_csv(index=False)),
-        atomic_write_text(out_dir / "accuracy_summary.csv", summarize(table).to_csv(index=False)),
-    ]
-    paths.append(
-        write_report(
-            out_dir / "accuracy.html",
-            "Exact match by length",
-            [
-                ("Accuracy vs length", accuracy_figure(table)),
-                ("Summary", summarize(table)),
-                ("Per length", table),
-            ],
-        )
-    )
-    return paths
+    meta = {"title": f"Exact match by length: {mi.name}", "model": mi.name, "n": n, "seed": seed}
+    if skipped:
+        meta["lengths_without_examples"] = skipped
+    return EvalResult(pd.DataFrame(rows), meta)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nopeinterp import build_model, save_checkpoint
+from nopeinterp import build_model, save_checkpoint, zoo
+from nopeinterp.errors import NopeinterpError
 from nopeinterp.tasks import get_task, task_tokenizer
 
 ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
@@ -76,33 +77,34 @@ def read(out, name):
 
 
 def test_discover(ckpt_dir):
-    common = load_script("_common")
-    found = common.discover(ckpt_dir)
+    found = zoo.find_checkpoints(ckpt_dir)
     assert [(c.task, c.pe, c.seed) for c in found][:4] == [
         ("copy", "nope", 0), ("copy", "nope", 1), ("copy", "t5", 0), ("copy", "ape", 0)
     ]  # fmt: skip
-    assert {c.task for c in common.discover(ckpt_dir, ["scan"])} == {"scan"}
+    assert {c.task for c in zoo.find_checkpoints(ckpt_dir, ["scan"])} == {"scan"}
+    nope, prime = zoo.nope_pair(found, "copy")
+    assert (nope.name, prime.name) == ("copy-nope", "copy-nope-seed1")
+    assert list(zoo.references(found, "copy")) == ["t5", "ape"]
+    assert zoo.analysis_task(found) == "scan"  # the paper's task when it is there
 
 
 def test_discover_several_folders_first_wins(ckpt_dir, tmp_path):
-    common = load_script("_common")
     extra = tmp_path / "seeds"
     extra.mkdir()
     shutil.copy(ckpt_dir / "copy-nope-seed1.pt", extra / "copy-nope-seed1.pt")  # a repeat
     shutil.copy(ckpt_dir / "copy-t5.pt", extra / "copy-t5-seed2.pt")  # a new seed
-    found = common.discover([ckpt_dir, extra], ["copy"])
+    found = zoo.find_checkpoints([ckpt_dir, extra], ["copy"])
     by_name = {c.name: c for c in found}
     assert len(by_name) == len(found)  # no name twice
     assert by_name["copy-nope-seed1"].path.parent == ckpt_dir
     assert (by_name["copy-t5-seed2"].seed, by_name["copy-t5-seed2"].path.parent) == (2, extra)
-    with pytest.raises(SystemExit, match="no checkpoint directory"):
-        common.discover([ckpt_dir, tmp_path / "missing"])
+    with pytest.raises(NopeinterpError, match="no checkpoint directory"):
+        zoo.find_checkpoints([ckpt_dir, tmp_path / "missing"])
 
 
 def test_over_seeds():
-    common = load_script("_common")
     df = pd.DataFrame({"pe": ["a", "a", "a", "b"], "x": [1.0, 2.0, 6.0, 5.0]})
-    out = common.over_seeds(df, ["pe"], ["x"]).set_index("pe")
+    out = zoo.over_seeds(df, ["pe"], ["x"]).set_index("pe")
     assert out.loc["a"].tolist() == [3.0, 1.0, 6.0, 3] and out.loc["b"].tolist() == [5, 5, 5, 1]
     assert list(out.columns) == ["x_mean", "x_min", "x_max", "n_seeds"]
 

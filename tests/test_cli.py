@@ -87,14 +87,14 @@ def test_compare_attention_ref_names_all_and_errors(ckpt_dir, tmp_path, capsys):
     assert main([*base, "--ref", "t5", "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "t5" in out and "nope_prime" in out  # NoPE-prime found beside NoPE
-    assert (tmp_path / "r" / "report.html").exists()
+    assert (tmp_path / "r" / "attention_similarity.html").exists()
     assert main([*base, "--ref", "all", "--heads", "hungarian"]) == 0
     out = capsys.readouterr().out
     for ref in ("t5", "alibi", "ape"):
         assert ref in out
     assert main([*base, "--ref", "rotary"]) == 2
     err = capsys.readouterr().err
-    assert "unknown ref 'rotary'" in err and "available" in err and "t5" in err
+    assert "unknown reference 'rotary'" in err and "references for copy" in err and "t5" in err
     assert len(err.strip().splitlines()) == 1
 
 
@@ -125,9 +125,9 @@ def test_main_job_report(ckpt_dir, tmp_path, capsys):
                 str(ckpt_dir),
                 "--out",
                 str(out),
-                "--n-eval",
+                "--n",
                 "2",
-                "--n-per-length",
+                "--n-attention",
                 "1",
             ]
         )
@@ -140,6 +140,6 @@ def test_main_job_report(ckpt_dir, tmp_path, capsys):
         and "Attention divergence" in printed
     )
     assert f"reports written to {out}" in printed
-    assert (out / "attention_similarity_copy" / "report.html").exists()
+    assert (out / "attention_similarity_copy" / "attention_similarity.html").exists()
     assert (out / "length_generalization" / "accuracy.html").exists()
     assert main(["report", "--checkpoints", str(tmp_path / "empty"), "--out", str(out)]) == 2

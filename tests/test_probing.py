@@ -249,7 +249,9 @@ def test_distance_dependence_nope_tiny_model(tmp_path):
     rel_sums = res.rel_mass.groupby(["split", "layer", "head"]).mass.sum()
     np.testing.assert_allclose(rel_sums.to_numpy(), 1.0, atol=1e-5)
     paths = res.save(tmp_path)
-    assert paths["csv"].exists() and paths["mass"].exists() and paths["rel_mass"].exists()
+    assert all(
+        paths[k].exists() for k in ("distance", "distance_mass", "distance_rel_mass", "meta")
+    )
     assert "plotly" in paths["html"].read_text()
 
 
@@ -335,7 +337,7 @@ def test_probe_position_end_to_end_table_and_save(tmp_path):
     assert list(p.index) == [0, 1, 2] and "OOD r2 [random_init]" in p.columns
     assert len(res.figure().data) > 0
     paths = res.save(tmp_path / "out")
-    assert paths["csv"].read_text().startswith("model,layer")
+    assert paths["probe_position"].read_text().startswith("model,layer")
     assert "<html" in paths["html"].read_text()[:300].lower()
 
 

@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from nopeinterp import build_model, load_checkpoint, save_checkpoint
-from nopeinterp.evaluation import evaluate, save_evaluation
-from nopeinterp.probing.position import probe_position_checkpoint
+from nopeinterp.evaluation import evaluate
+from nopeinterp.probing.position import probe_position
 from nopeinterp.similarity.compare import compare_attention
 from nopeinterp.tasks import get_task, task_tokenizer
 
@@ -169,14 +169,13 @@ def _make_reports(tmp_path_factory):
     result = compare_attention(paths["nope"], refs, nope_prime=paths["nope1"], n_per_length=2,
                                n_boot=50, progress=False)  # fmt: skip
     # per-layer + ID/OOD figures, one heatmap per ref (nope_prime too), the distance profile
-    n_compare = 2 + len(result.models) - 1 + 1
-    probe = probe_position_checkpoint(load_checkpoint(paths["t5"]), n_train=32, n_eval=16,
-                                      progress=False)  # fmt: skip
-    table = evaluate(paths["alibi"], n=4, progress=False)
+    n_compare = 2 + len(result.example_patterns) - 1 + 1
+    probe = probe_position(load_checkpoint(paths["t5"]), n_train=32, n_eval=16, progress=False)
+    evaluation = evaluate(paths["alibi"], n=4, progress=False)
     return {
-        "compare": (result.save(out / "compare"), n_compare),
+        "compare": (result.save(out / "compare")["html"], n_compare),
         "probe": (probe.save(out / "probe")["html"], 1),
-        "evaluation": (save_evaluation(table, out / "evaluation")[-1], 1),
+        "evaluation": (evaluation.save(out / "evaluation")["html"], 1),
     }
 
 

@@ -14,7 +14,6 @@ from scipy.spatial.distance import jensenshannon
 
 from nopeinterp.models import build_model
 from nopeinterp.similarity import (
-    attention_data,
     attention_divergence,
     attention_patterns,
     bootstrap_ci,
@@ -265,12 +264,11 @@ def test_results_do_not_depend_on_batch_size(model, other):
     ]
     for r in runs[1:]:
         np.testing.assert_allclose(r, runs[0], rtol=1e-5, atol=1e-7)
-    # an iterable of batches gives the same frame as one batch
-    split = [
-        {"tokens": toks[:2], "attention_mask": mask[:2]},
-        {"tokens": toks[2:], "attention_mask": mask[2:]},
-    ]
-    it = attention_divergence(model, other, iter(split), progress=False)
+    # the same sequences as Sequences from the data layer give the same frame
+    from nopeinterp.data import make_sequences
+
+    sets = make_sequences({"tokens": toks, "attention_mask": mask})
+    it = attention_divergence(model, other, sets, progress=False)
     np.testing.assert_allclose(it["value"], runs[0], rtol=1e-5, atol=1e-7)
     assert it["example"].unique().tolist() == list(range(5))
 
@@ -331,21 +329,28 @@ def copy_setup():
     return task, tok, models
 
 
-def test_attention_data_groups_by_length_with_splits(copy_setup):
+def test_paper_inputs_group_by_length_with_splits(copy_setup):
+    from nopeinterp.data import make_sequences
+
     task, tok, _ = copy_setup
-    batches = list(attention_data(task, tok, n_per_length=3, lengths=[3, 5, 25]))
-    assert [len(b) for b in batches] == [3, 3, 3]
-    assert [b.split[0] for b in batches] == ["ID", "ID", "OOD"]
-    assert [int(b.lengths[0]) for b in batches] == [3, 5, 25]
+    sets = make_sequences((task, tok), n_per_length=3, id_lengths=(3, 5), ood_lengths=(25, 25))
+    assert list(sets) == ["ID", "OOD"]
+    batches = [b for s in sets.values() for b in s.batches(32)]
+    assert [len(b) for b in batches] == [3, 3, 3, 3]
+    assert [b.split for b in batches] == ["ID", "ID", "ID", "OOD"]
+    assert [int(b.lengths[0]) for b in batches] == [3, 4, 5, 25]
+    assert all(b.attention_mask.all() for b in batches)  # one length per batch: no padding
 
 
 def test_compare_attention_ranking_ci_and_report(copy_setup, tmp_path):
     task, tok, m = copy_setup
-    data = attention_data(task, tok, n_per_length=3, lengths=[4, 25])  # a one-shot generator
     result = compare_attention(
         m["nope"],
         {"t5": m["t5"], "self": m["nope"]},
-        data,
+        (task, tok),
+        n_per_length=3,
+        id_lengths=(4, 4),
+        ood_lengths=(25, 25),
         nope_prime=m["nope2"],
         n_boot=200,
         progress=False,
@@ -366,10 +371,19 @@ def test_compare_attention_ranking_ci_and_report(copy_setup, tmp_path):
     assert row["mean"].item() == pytest.approx(t5_id.groupby("example")["value"].mean().mean())
     assert row["n"].item() == 3
 
-    report = result.save(tmp_path / "out")
-    for name in ("per_example.csv", "table.csv", "ranking.csv", "report.html"):
-        assert (tmp_path / "out" / name).stat().st_size > 0
-    text = report.read_text()
+    paths = result.save(tmp_path / "out")
+    assert set(paths) == {
+        "attention_similarity",
+        "attention_similarity_per_example",
+        "attention_similarity_ranking",
+        "meta",
+        "html",
+    }
+    for path in paths.values():
+        assert path.parent == tmp_path / "out" and path.stat().st_size > 0
+    # the result holds data only: no model, and saving runs no forward pass
+    assert not any(isinstance(v, torch.nn.Module) for v in vars(result).values())
+    text = paths["html"].read_text()
     assert not re.search(r"<script[^>]*src=[\"']https?://", text)
     assert "Ranking" in text and "Attention: nope vs t5" in text and "distance" in text
     assert len(result.figure().data) > 0

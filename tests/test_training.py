@@ -5,7 +5,7 @@ import torch
 
 from nopeinterp import PE_TYPES, build_model, load_checkpoint, save_checkpoint
 from nopeinterp.cli import main
-from nopeinterp.evaluation import evaluate, exact_match, greedy_decode, summarize
+from nopeinterp.evaluation import evaluate, exact_match, greedy_decode
 from nopeinterp.tasks import get_task, task_tokenizer
 from nopeinterp.training import TrainConfig, train
 from nopeinterp.training.trainer import lr_factor
@@ -114,10 +114,11 @@ def test_kv_cache_decoding_equals_recomputation(pe):
 
 def test_ape_lengths_past_its_table_are_marked_not_evaluable(tmp_path):
     path = train(small_config(tmp_path, pe="ape", steps=10, eval_every=10))
-    table = evaluate(path, lengths=[3, 5, 20], n=5, progress=False)
+    result = evaluate(path, lengths=[3, 5, 20], n=5, progress=False)
+    table = result.table
     assert table.set_index("length")["evaluable"].to_dict() == {3: True, 5: True, 20: False}
     assert table.set_index("length")["accuracy"].isna().to_dict() == {3: False, 5: False, 20: True}
-    summary = summarize(table)
+    summary = result.summary
     assert summary.set_index("split").loc["OOD", "lengths_not_evaluable"] == 1
 
 
@@ -169,5 +170,5 @@ def test_saved_checkpoint_evaluates(tmp_path):
         task="copy",
         task_options={"id_lengths": [2, 5], "ood_lengths": [6, 10]},
     )
-    table = evaluate(path, n=4, progress=False)
+    table = evaluate(path, n=4, progress=False).table
     assert set(table["split"]) == {"ID", "OOD"} and table["length"].tolist() == list(range(2, 11))

@@ -1,9 +1,8 @@
 """Probing analyses: linear position probes (Theorem 1) and distance dependence of attention
 logits (Theorem 2).
 
-    probe_position(model, data) -> ProbeResult          # .table, .pivot(), .figure(), .save(dir)
-    distance_dependence(model, data) -> DistanceResult  # .table, .mass, .figure(), .save(dir)
-    probe_position_checkpoint(ckpt) / distance_dependence_checkpoint(ckpt)  # from meta["task"]
+    probe_position(model_or_ckpt, data=None) -> ProbeResult      # .table, .pivot(), .figure(), .save(dir)
+    distance_dependence(model_or_ckpt, data=None) -> DistanceResult  # .table, .mass, .rel_mass
     fit_ridge(X, Y, alphas) -> RidgeProbe               # closed-form ridge (torch, float64)
     distance_r2(scores, valid_mask)                     # the score on raw logit tensors
 """
@@ -12,15 +11,12 @@ from nopeinterp.probing.distance import (
     DistanceResult,
     DistanceStats,
     distance_dependence,
-    distance_dependence_checkpoint,
     distance_r2,
 )
 from nopeinterp.probing.position import (
     ProbeResult,
     probe_layers,
     probe_position,
-    probe_position_checkpoint,
-    random_init_like,
 )
 from nopeinterp.probing.ridge import DEFAULT_ALPHAS, RidgePath, RidgeProbe, RidgeStats, fit_ridge
 
@@ -33,11 +29,8 @@ __all__ = [
     "RidgeProbe",
     "RidgeStats",
     "distance_dependence",
-    "distance_dependence_checkpoint",
     "distance_r2",
     "fit_ridge",
     "probe_layers",
     "probe_position",
-    "probe_position_checkpoint",
-    "random_init_like",
 ]

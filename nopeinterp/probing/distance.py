@@ -45,15 +45,16 @@ Layers here are block indices 0..n_layers-1 (the attention of block l).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import ClassVar
 
 import pandas as pd
 import torch
 
-from nopeinterp.probing._data import resolve_sets, stream
+from nopeinterp.data import as_model, describe, make_sequences
+from nopeinterp.probing._stream import stream
+from nopeinterp.results import Result
 
 _DTYPE = torch.float64
 TABLE_COLUMNS = ["split", "layer", "head", "score", "n_cells", "n_rows", "ss_tot"]
@@ -198,15 +199,17 @@ def distance_r2(scores: torch.Tensor, valid_mask: torch.Tensor | None = None) ->
     return r2[0] if squeeze else r2
 
 
-@dataclass
-class DistanceResult:
+@dataclass(repr=False)
+class DistanceResult(Result):
     """`table`: one row per (split, layer, head) with the score; `mass`: tidy histogram data
     by distance d; `rel_mass`: by relative distance d / n (see the module docstring)."""
 
-    table: pd.DataFrame
-    mass: pd.DataFrame
-    meta: dict = field(default_factory=dict)
+    mass: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MASS_COLUMNS))
     rel_mass: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=REL_MASS_COLUMNS))
+
+    name: ClassVar[str] = "distance"
+    title: ClassVar[str] = "Distance dependence"
+    extra_tables: ClassVar[tuple[str, ...]] = ("mass", "rel_mass")
 
     def heatmap(self, split: str | None = None):
         from nopeinterp.viz.probing import distance_heatmap
@@ -224,19 +227,13 @@ class DistanceResult:
         """The layer x head heatmap of the score (see also `histogram`)."""
         return self.heatmap(split)
 
-    def save(self, out_dir: str | os.PathLike, name: str = "distance") -> dict[str, Path]:
-        """Write `<name>.csv` (scores), `<name>_mass.csv` and `<name>_rel_mass.csv` (histogram
-        data), `<name>.html`."""
-        from nopeinterp.viz.html import atomic_write_text, write_report
+    def pivot(self) -> pd.DataFrame:
+        """(split, layer) rows x "head h" columns of the score."""
+        wide = self.table.pivot_table(index=["split", "layer"], columns="head", values="score")
+        wide.columns = [f"head {h}" for h in wide.columns]
+        return wide
 
-        out = Path(out_dir)
-        paths = {
-            "csv": atomic_write_text(out / f"{name}.csv", self.table.to_csv(index=False)),
-            "mass": atomic_write_text(out / f"{name}_mass.csv", self.mass.to_csv(index=False)),
-            "rel_mass": atomic_write_text(
-                out / f"{name}_rel_mass.csv", self.rel_mass.to_csv(index=False)
-            ),
-        }
+    def html_sections(self) -> list:
         sections = [(f"Distance dependence ({s})", self.heatmap(s)) for s in self.splits]
         sections.append(("Attention mass by distance", self.histogram()))
         sections.append(
@@ -247,13 +244,8 @@ class DistanceResult:
                 "depend on relative distance only (up to per-row constants), 0 = not at all.</p>",
             )
         )
-        wide = self.table.pivot_table(index=["split", "layer"], columns="head", values="score")
-        wide.columns = [f"head {h}" for h in wide.columns]
-        sections.append(("Scores (split, layer x head)", wide.reset_index()))
-        paths["html"] = write_report(
-            out / f"{name}.html", self.meta.get("title") or "Distance dependence", sections
-        )
-        return paths
+        sections.append(("Scores (split, layer x head)", self.pivot().reset_index()))
+        return sections
 
     @property
     def splits(self) -> list[str]:
@@ -262,7 +254,7 @@ class DistanceResult:
 
 def distance_dependence(
     model,
-    data,
+    data=None,
     *,
     layers: Sequence[int] | None = None,
     batch_size: int = 16,
@@ -279,11 +271,14 @@ def distance_dependence(
 ) -> DistanceResult:
     """Distance-dependence score per (split, layer, head) and the attention-mass histogram.
 
-    `data` as for `probe_position` (tensor/Batch, task, or mapping); sequences are grouped
+    `model`: a HookedTransformer, a Checkpoint or a path. `data`: anything
+    `nopeinterp.data.make_sequences` takes (None: the checkpoint's task); sequences are grouped
     into "ID"/"OOD" by `id_lengths`/`ood_lengths` (a task: `n_eval` val-split and
     test-split examples), or a single split "all" when no lengths are given. Streams only
     ``hook_attn_scores`` and ``hook_pattern`` of the requested blocks.
     """
+    mi = as_model(model)
+    model = mi.model
     if isinstance(model, torch.nn.Module):
         model.eval()
     n_layers, H = model.cfg.n_layers, model.cfg.n_heads
@@ -291,10 +286,10 @@ def distance_dependence(
     for layer in layers:
         if not 0 <= layer < n_layers:
             raise ValueError(f"layer {layer} out of range 0..{n_layers - 1}")
-    sets = resolve_sets(
+    sets = make_sequences(
         data,
+        mi,
         purpose="analysis",
-        model=model,
         attention_mask=attention_mask,
         lengths=lengths,
         tokenizer=tokenizer,
@@ -366,33 +361,18 @@ def distance_dependence(
                             "n_rows": int(st.count[d]),
                         }
                     )
-    meta = {
-        "title": title,
-        "layers": layers,
-        **{f"n_seq_{k}": len(v) for k, v in sets.items()},
-        **{f"lengths_{k}": (int(v.lengths.min()), int(v.lengths.max())) for k, v in sets.items()},
-    }
+    meta = {"title": title or describe(mi, "Distance dependence"), "layers": layers, **sets.meta()}
     return DistanceResult(
         pd.DataFrame(rows, columns=TABLE_COLUMNS),
-        pd.DataFrame(mass_rows, columns=MASS_COLUMNS),
         meta,
+        mass=pd.DataFrame(mass_rows, columns=MASS_COLUMNS),
         rel_mass=pd.DataFrame(rel_rows, columns=REL_MASS_COLUMNS),
     )
-
-
-def distance_dependence_checkpoint(ckpt, **kwargs) -> DistanceResult:
-    """`distance_dependence` on a checkpoint's model, tokenizer and meta["task"] (ID + OOD)."""
-    from nopeinterp.probing.position import _checkpoint_task, _checkpoint_title
-
-    task = _checkpoint_task(ckpt)
-    kwargs.setdefault("title", _checkpoint_title(ckpt, "Distance dependence"))
-    return distance_dependence(ckpt.model, (task, ckpt.tokenizer), **kwargs)
 
 
 __all__ = [
     "DistanceResult",
     "DistanceStats",
     "distance_dependence",
-    "distance_dependence_checkpoint",
     "distance_r2",
 ]

@@ -33,16 +33,17 @@ metrics from the predictions. Only the needed hooks are cached (names_filter), w
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import ClassVar
 
 import pandas as pd
 import torch
 
-from nopeinterp.probing._data import SequenceSet, resolve_sets, resolve_task, stream
+from nopeinterp.data import Sequences, as_model, describe, make_sequences
+from nopeinterp.probing._stream import stream
 from nopeinterp.probing.ridge import DEFAULT_ALPHAS, RidgePath, RidgeProbe, RidgeStats, select_alpha
+from nopeinterp.results import Result
 
 HOOKS = ("resid_post", "resid_mid", "attn_out", "mlp_out")
 METRICS = ("r2", "mae", "accuracy")
@@ -97,14 +98,18 @@ class _Metrics:
         return {"r2": r2, "mae": self.abs / self.n, "accuracy": self.correct / self.n}
 
 
-@dataclass
-class ProbeResult:
-    """Position-probe results; `table` is tidy (one row per model, layer, split, metric)."""
+@dataclass(repr=False)
+class ProbeResult(Result):
+    """Position-probe results; `table` is tidy (one row per model, layer, split, metric);
+    `alphas`: the ridge penalty chosen per (model, layer, probe); `probes`: the fitted probes
+    (weights only), keyed by (model, layer, probe)."""
 
-    table: pd.DataFrame
-    alphas: pd.DataFrame  # model, layer, probe (regression/classifier), alpha
-    meta: dict = field(default_factory=dict)
-    probes: dict = field(default_factory=dict, repr=False)  # (model, layer, probe) -> RidgeProbe
+    alphas: pd.DataFrame = field(default_factory=pd.DataFrame)
+    probes: dict = field(default_factory=dict)
+
+    name: ClassVar[str] = "probe_position"
+    title: ClassVar[str] = "Position probe"
+    extra_tables: ClassVar[tuple[str, ...]] = ("alphas",)
 
     def pivot(
         self,
@@ -131,18 +136,7 @@ class ProbeResult:
 
         return probe_figure(self.table, metrics=metrics, title=self.meta.get("title"))
 
-    def save(self, out_dir: str | os.PathLike, name: str = "probe_position") -> dict[str, Path]:
-        """Write `<name>.csv` (the tidy table), `<name>_alphas.csv` and `<name>.html`."""
-        from nopeinterp.viz.html import atomic_write_text, write_report
-
-        out = Path(out_dir)
-        paths = {
-            "csv": atomic_write_text(out / f"{name}.csv", self.table.to_csv(index=False)),
-            "alphas": atomic_write_text(
-                out / f"{name}_alphas.csv", self.alphas.to_csv(index=False)
-            ),
-        }
-        pivot = self.pivot(metrics=METRICS).reset_index()
+    def html_sections(self) -> list:
         notes = (
             "<p>Linear probes for absolute position (0 = &lt;bos&gt;). r2/mae: ridge regression; "
             "accuracy: one-hot ridge (least-squares) classifier, positions beyond the largest "
@@ -150,22 +144,17 @@ class ProbeResult:
             "config), shuffled (probe on permuted labels), constant (train mean / mode).</p>"
         )
         meta = pd.DataFrame({"key": list(self.meta), "value": [str(v) for v in self.meta.values()]})
-        paths["html"] = write_report(
-            out / f"{name}.html",
-            self.meta.get("title") or "Position probe",
-            [
-                ("Probe metrics per layer", self.figure()),
-                ("Summary", notes),
-                ("Table (layers x split/metric)", pivot),
-                ("Settings", meta),
-            ],
-        )
-        return paths
+        return [
+            ("Probe metrics per layer", self.figure()),
+            ("Summary", notes),
+            ("Table (layers x split/metric)", self.pivot(metrics=METRICS).reset_index()),
+            ("Settings", meta),
+        ]
 
 
 def _fit_and_eval(
     model,
-    sets: dict[str, SequenceSet],
+    sets: dict[str, Sequences],
     layer_hooks: dict[int, str],
     *,
     n_classes: int,
@@ -332,23 +321,9 @@ def _constant_rows(sets, layers) -> list[dict]:
     return rows
 
 
-def random_init_like(model, seed: int | None = None):
-    """A freshly initialised model with `model`'s config and PE (seed: its seed + 1)."""
-    from nopeinterp.models import build_model, model_config
-
-    cfg = model_config(model)
-    if seed is None:
-        seed = (cfg.get("seed") or 0) + 1
-    fresh = build_model(**{**cfg, "seed": seed}, tokenizer=getattr(model, "tokenizer", None))
-    device = next(model.parameters()).device
-    if next(fresh.parameters()).device != device:
-        fresh = fresh.to(device)
-    return fresh
-
-
 def probe_position(
     model,
-    data,
+    data=None,
     *,
     layers: Sequence[int] | None = None,
     hook: str = "resid_post",
@@ -371,22 +346,26 @@ def probe_position(
 ) -> ProbeResult:
     """Probe every layer of `model` for absolute position; see the module docstring.
 
-    `data`: token tensor [B, T] (with `attention_mask`/`lengths`), a tasks Batch, a Task /
-    task name / (task, tokenizer) (then `n_train` train-split and `n_eval` val/test-split
-    examples are generated, lengths from `id_lengths`/`ood_lengths` or the task's), or a
-    mapping {"fit"/"train", "val", "ID", "OOD"} of tensors/Batches. For tensors and Batches
-    the sequences are split by their `lengths` (task length, else token count): ID =
-    within `id_lengths` (all, if neither range is given), OOD = within `ood_lengths` (or
-    longer than the ID range); ID sequences are split 20% held-out ID / 80% probe training
-    (of which 20% choose alpha), seeded by `seed`.
+    `model`: a HookedTransformer, a Checkpoint or a checkpoint path. `data`: anything
+    `nopeinterp.data.make_sequences` takes; None = the checkpoint's own task (then `n_train`
+    train-pool and `n_eval` held-out sequences per split, lengths from `id_lengths` /
+    `ood_lengths` or the task's). Token data are split by their `lengths` (task length, else
+    token count): ID = within `id_lengths` (all, if neither range is given), OOD = within
+    `ood_lengths` (or longer than the ID range); ID sequences are split 20% held-out ID / 80%
+    probe training (of which 20% choose alpha), seeded by `seed`. The random-init baseline
+    is a fresh model of the same config (`random_init_seed`, default the model's seed + 1).
     """
+    from nopeinterp.models.fresh import random_init_like
+
+    mi = as_model(model)
+    model = mi.model
     if isinstance(model, torch.nn.Module):
         model.eval()
     layer_hooks = probe_layers(model.cfg.n_layers, hook, layers)
-    sets = resolve_sets(
+    sets = make_sequences(
         data,
+        mi,
         purpose="probe",
-        model=model,
         attention_mask=attention_mask,
         lengths=lengths,
         tokenizer=tokenizer,
@@ -417,13 +396,9 @@ def probe_position(
         "n_classes": n_classes,
         "alphas": list(alphas),
         "seed": seed,
-        "title": title,
-        **{f"not_readable_{k}": v.n_not_readable for k, v in sets.items() if v.n_not_readable},
-        **{f"n_seq_{k}": len(v) for k, v in sets.items()},
-        **{f"n_tok_{k}": v.n_tokens for k, v in sets.items()},
+        "title": title or describe(mi, "Position probe"),
+        **sets.meta(),
     }
-    for name, s in sets.items():
-        meta[f"lengths_{name}"] = (int(s.lengths.min()), int(s.lengths.max()))
     if random_baseline:
         fresh = random_init_like(model, random_init_seed)
         meta["random_init_seed"] = fresh.cfg.seed
@@ -445,54 +420,8 @@ def probe_position(
     for col in ("model", "split", "metric"):
         table[col] = table[col].astype(str)
     return ProbeResult(
-        table.reset_index(drop=True), pd.DataFrame(alpha_rows), meta=meta, probes=probes
+        table.reset_index(drop=True), meta, alphas=pd.DataFrame(alpha_rows), probes=probes
     )
-
-
-def probe_position_checkpoint(
-    ckpt,
-    *,
-    id_lengths: tuple[int, int] | None = None,
-    ood_lengths: tuple[int, int] | None = None,
-    n_train: int = 512,
-    n_eval: int = 256,
-    **kwargs,
-) -> ProbeResult:
-    """`probe_position` on a loaded checkpoint: its model, tokenizer and meta["task"].
-
-    meta["task"] may be a task name or a dict {"name": ..., **task options}; meta
-    "task_options" (if present) are passed to get_task too.
-    """
-    task = _checkpoint_task(ckpt)
-    kwargs.setdefault("title", _checkpoint_title(ckpt, "Position probe"))
-    return probe_position(
-        ckpt.model,
-        (task, ckpt.tokenizer),
-        id_lengths=id_lengths,
-        ood_lengths=ood_lengths,
-        n_train=n_train,
-        n_eval=n_eval,
-        **kwargs,
-    )
-
-
-def _checkpoint_task(ckpt):
-    meta = getattr(ckpt, "meta", {}) or {}
-    task = meta.get("task")
-    if task is None:
-        raise ValueError("checkpoint meta has no 'task'; pass data to probe_position directly")
-    if isinstance(task, str) and meta.get("task_options"):
-        task = {"name": task, **meta["task_options"]}
-    task, _ = resolve_task(task, tokenizer=ckpt.tokenizer, model=ckpt.model)
-    return task
-
-
-def _checkpoint_title(ckpt, what: str) -> str:
-    meta = getattr(ckpt, "meta", {}) or {}
-    parts = [what, str(meta.get("pe", getattr(ckpt.model, "pe", ""))), str(meta.get("task", ""))]
-    if getattr(ckpt, "path", None):
-        parts.append(Path(ckpt.path).name)
-    return " | ".join(p for p in parts if p)
 
 
 __all__ = [
@@ -501,6 +430,4 @@ __all__ = [
     "ProbeResult",
     "probe_layers",
     "probe_position",
-    "probe_position_checkpoint",
-    "random_init_like",
 ]

@@ -2,7 +2,7 @@
 
 - `jsd`, `paper_jsd`: the Jensen-Shannon divergence and the official code's variant.
 - `attention_divergence(model_a, model_b, data)`: tidy per-(example, layer) frame.
-- `attention_data(task, tokenizer)`: the paper's inputs (n per ID and OOD length).
+- the paper's inputs: `nopeinterp.data.make_sequences(task, n_per_length=10)`.
 - `compare_attention(nope, refs, data)`: bootstrap table, ranking, figures, HTML report.
 - the report's attention-mass-by-distance profile comes from nopeinterp.probing.distance.
 """
@@ -17,8 +17,6 @@ from nopeinterp.similarity.compare import (
 )
 from nopeinterp.similarity.divergence import (
     HEAD_REDUCERS,
-    AttentionBatch,
-    attention_data,
     attention_divergence,
     attention_patterns,
     head_pair_divergence,
@@ -29,9 +27,7 @@ from nopeinterp.similarity.jsd import jsd, paper_jsd
 
 __all__ = [
     "HEAD_REDUCERS",
-    "AttentionBatch",
     "ComparisonResult",
-    "attention_data",
     "attention_divergence",
     "attention_patterns",
     "bootstrap_ci",

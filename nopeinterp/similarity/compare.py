@@ -11,25 +11,21 @@ the paper compares against; it is included as ref "nope_prime".
 from __future__ import annotations
 
 import html
-import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
 import torch
 
+from nopeinterp.data import as_model, make_sequences, max_positions
+from nopeinterp.results import Result
 from nopeinterp.similarity.divergence import (
-    AttentionBatch,
-    _as_batch,
-    _is_batch_like,
-    attention_data,
+    attention_patterns,
     check_compatible,
     divergence_frames,
 )
-from nopeinterp.viz.html import write_report
 
 NOPE_PRIME = "nope_prime"
 
@@ -82,17 +78,32 @@ def rank_refs(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-@dataclass
-class ComparisonResult:
-    """Output of `compare_attention`. `models` and `example_tokens` feed the report's plots."""
+@dataclass(repr=False)
+class ComparisonResult(Result):
+    """Output of `compare_attention`: data only. `table`: mean divergence with bootstrap CI per
+    (ref, layer, split); `per_example`: one row per (ref, example, layer); `ranking`: refs
+    closest to NoPE first, per split; `example`: one example's tokens and, per model, its
+    attention pattern at `example_layer` ([head, query, key]); `profile`: that example's
+    attention mass by distance per model."""
 
-    per_example: pd.DataFrame
-    table: pd.DataFrame
-    ranking: pd.DataFrame
-    metric: str = "jsd"
-    reducer: str = "min"
-    models: dict = field(default_factory=dict, repr=False)  # "nope" and every ref
-    example_tokens: torch.Tensor | None = field(default=None, repr=False)
+    per_example: pd.DataFrame = field(default_factory=pd.DataFrame)
+    ranking: pd.DataFrame = field(default_factory=pd.DataFrame)
+    example_tokens: list = field(default_factory=list)
+    example_patterns: dict = field(default_factory=dict)  # model name -> np.ndarray [H, T, T]
+    example_layer: int = 0
+    profile: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    name: ClassVar[str] = "attention_similarity"
+    title: ClassVar[str] = "NoPE attention similarity"
+    extra_tables: ClassVar[tuple[str, ...]] = ("per_example", "ranking")
+
+    @property
+    def metric(self) -> str:
+        return self.meta.get("metric", "jsd")
+
+    @property
+    def reducer(self) -> str:
+        return self.meta.get("reducer", "min")
 
     def figure(self):
         """Plotly figure: divergence per layer per ref (left), ID vs OOD bars (right)."""
@@ -100,14 +111,7 @@ class ComparisonResult:
 
         return comparison_figure(self.table, metric=self.metric)
 
-    def save(self, directory, *, layer: int = 0, title: str | None = None) -> Path:
-        """Write per_example.csv, table.csv, ranking.csv and report.html into `directory`.
-
-        The report (self-contained, works offline) has the ranking, the per-layer and ID/OOD
-        figures, NoPE-vs-ref attention heatmaps at `layer` for one example, and the
-        attention-mass-by-distance profile. Returns the report path.
-        """
-        from nopeinterp.viz.html import atomic_write_text
+    def html_sections(self) -> list:
         from nopeinterp.viz.similarity import (
             attention_heatmaps,
             distance_figure,
@@ -115,10 +119,6 @@ class ComparisonResult:
             split_bars,
         )
 
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        for name in ("per_example", "table", "ranking"):
-            atomic_write_text(directory / f"{name}.csv", getattr(self, name).to_csv(index=False))
         label = "JSD (nats)" if self.metric == "jsd" else "paper_jsd"
         intro = (
             f"<p>metric: <b>{html.escape(self.metric)}</b>, head reduction: "
@@ -133,19 +133,24 @@ class ComparisonResult:
             ("Divergence per layer", layer_figure(self.table, metric=label)),
             ("ID vs OOD", split_bars(self.table, metric=label)),
         ]
-        if self.models and self.example_tokens is not None and "nope" in self.models:
-            nope = self.models["nope"]
-            tokens = self.example_tokens
-            for ref, model in self.models.items():
-                if ref == "nope" or layer >= min(nope.cfg.n_layers, model.cfg.n_layers):
+        pats, layer = self.example_patterns, self.example_layer
+        if "nope" in pats:
+            for ref, pattern in pats.items():
+                if ref == "nope":
                     continue
-                fig = attention_heatmaps(nope, model, tokens, layer, names=("nope", ref))
+                fig = attention_heatmaps(pats["nope"], pattern, layer, names=("nope", ref))
                 sections.append((f"Attention: nope vs {ref} (layer {layer}, example 0)", fig))
-            profile = distance_profile(self.models, tokens)
-            sections.append(("Attention mass by distance (example 0)", distance_figure(profile)))
-        report = directory / "report.html"
-        write_report(report, title or "NoPE attention similarity", sections)
-        return report
+        if len(self.profile):
+            sections.append(
+                ("Attention mass by distance (example 0)", distance_figure(self.profile))
+            )
+        return sections
+
+    def save(self, out_dir, name: str | None = None, *, title: str | None = None):
+        """Write the tables (per_example, ranking, table), meta and report.html into out_dir."""
+        if title is not None:
+            self.meta["title"] = title
+        return super().save(out_dir, name)
 
 
 def distance_profile(models: Mapping, tokens: torch.Tensor) -> pd.DataFrame:
@@ -166,19 +171,6 @@ def distance_profile(models: Mapping, tokens: torch.Tensor) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)[["model", "layer", "distance", "mass"]]
 
 
-def _load(obj, name: str):
-    """(model, tokenizer, meta) from a model, a Checkpoint or a checkpoint path."""
-    if isinstance(obj, str | os.PathLike):
-        from nopeinterp.checkpoint import load_checkpoint
-
-        obj = load_checkpoint(obj)
-    if hasattr(obj, "model") and hasattr(obj, "meta"):
-        return obj.model, getattr(obj, "tokenizer", None), dict(obj.meta or {})
-    if not hasattr(obj, "cfg") or not hasattr(obj, "run_with_cache"):
-        raise TypeError(f"{name!r}: expected a HookedTransformer, a Checkpoint or a path")
-    return obj, getattr(obj, "tokenizer", None), {}
-
-
 def _vocab(tokenizer):
     if tokenizer is None:
         return None
@@ -186,48 +178,22 @@ def _vocab(tokenizer):
     return get() if callable(get) else None
 
 
-def _task_name(meta: Mapping):
-    task = meta.get("task")
-    if isinstance(task, Mapping):
-        task = task.get("name")
-    return task
+def _task_name(mi) -> str | None:
+    spec = mi.task_spec
+    return spec.get("name") if isinstance(spec, Mapping) else spec
 
 
 def _check_same_setup(base, other, name: str) -> None:
-    (model_a, tok_a, meta_a), (model_b, tok_b, meta_b) = base, other
-    check_compatible(model_a, model_b, name)
-    task_a, task_b = _task_name(meta_a), _task_name(meta_b)
+    check_compatible(base.model, other.model, name)
+    task_a, task_b = _task_name(base), _task_name(other)
     if task_a and task_b and task_a != task_b:
         raise ValueError(f"{name!r} was trained on task {task_b!r}, NoPE on {task_a!r}")
-    vocab_a, vocab_b = _vocab(tok_a), _vocab(tok_b)
+    vocab_a, vocab_b = _vocab(base.tokenizer), _vocab(other.tokenizer)
     if vocab_a is not None and vocab_b is not None and vocab_a != vocab_b:
         raise ValueError(
             f"{name!r} has a different tokenizer vocabulary than NoPE: the same token ids "
             "would mean different words"
         )
-
-
-def _reusable(data):
-    """Data that can be iterated once per call: materialise one-shot iterators (token ids
-    only -- small next to the attention patterns, which are never kept)."""
-    if data is None or _is_batch_like(data) or isinstance(data, list | tuple):
-        return data
-    return list(data)
-
-
-def _batches(data) -> list:
-    return [data] if _is_batch_like(data) else list(data)
-
-
-def _first_example(data) -> torch.Tensor | None:
-    item = data if _is_batch_like(data) else next(iter(data), None)
-    if item is None:
-        return None
-    batch: AttentionBatch = _as_batch(item)
-    tokens = batch.tokens[0]
-    if batch.attention_mask is not None:
-        tokens = tokens[: int(batch.attention_mask[0].sum())]
-    return tokens
 
 
 def compare_attention(
@@ -245,80 +211,112 @@ def compare_attention(
     layers=None,
     n_per_length: int = 10,
     id_lengths: tuple[int, int] | None = None,
+    ood_lengths: tuple[int, int] | None = None,
+    example_layer: int = 0,
     progress: bool = True,
+    title: str | None = None,
 ) -> ComparisonResult:
     """Rank reference models by how close their attention is to NoPE's.
 
     nope, refs values, nope_prime: HookedTransformers, Checkpoints or checkpoint paths.
-    data: as in `attention_divergence`; None -> `attention_data(task)` for the task recorded
-    in NoPE's checkpoint (n_per_length per ID and OOD length).
-    heads / paper_compat / include_first_row / layers / batch_size / id_lengths: see
-    `attention_divergence`. n_boot, seed: the bootstrap over examples.
+    data: anything `nopeinterp.data.make_sequences` takes. None -> the task recorded in NoPE's
+    checkpoint, with its task options; a task (None or given) is sampled the paper's way,
+    `n_per_length` held-out examples at every ID and OOD length.
+    id_lengths / ood_lengths: the task's ranges to sample (or, for token data, the ID range).
+    heads / paper_compat / include_first_row / layers / batch_size: see
+    `attention_divergence`. n_boot, seed: the bootstrap over examples (seed also draws the
+    task examples). A model with a learned position table is compared on the sequences it
+    can read (counted in meta["dropped"]).
     Raises ValueError if a model's vocabulary, tokenizer or task differs from NoPE's.
     """
     if not refs:
         raise ValueError("refs is empty: give at least one reference model")
-    base = _load(nope, "nope")
-    loaded = {name: _load(obj, name) for name, obj in refs.items()}
+    base = as_model(nope, "nope")
+    loaded = {name: as_model(obj, name) for name, obj in refs.items()}
     if NOPE_PRIME in loaded:
         raise ValueError(f"{NOPE_PRIME!r} is reserved for nope_prime=")
     if nope_prime is not None:
-        loaded[NOPE_PRIME] = _load(nope_prime, NOPE_PRIME)
+        loaded[NOPE_PRIME] = as_model(nope_prime, NOPE_PRIME)
     for name, other in loaded.items():
         _check_same_setup(base, other, name)
 
-    if data is None:
-        task = _task_name(base[2])
-        if not task:
-            raise ValueError("data=None needs a NoPE checkpoint that records its task")
-        data = attention_data(task, base[1], n_per_length=n_per_length, seed=seed)
-    data = _reusable(data)
-
-    # A learned-APE model cannot read past its table: it is compared only on the sequences it
-    # can read (OOD lengths usually drop out); the other refs see all of them.
-    from nopeinterp.evaluation import max_positions
-
+    sets = make_sequences(
+        data,
+        base,
+        n_per_length=n_per_length,
+        id_lengths=id_lengths,
+        ood_lengths=ood_lengths,
+        seed=seed,
+    )
+    # Each group of models that read the same number of positions sees what it can read.
     groups: dict = {}
     for name, other in loaded.items():
-        groups.setdefault(max_positions(other[0]), {})[name] = other[0]
-    frames = {}
+        groups.setdefault(max_positions(other.model), {})[name] = other.model
+    frames, dropped = {}, {}
+    n_total = sum(len(v) for v in sets.values())
     for limit, models in groups.items():
-        group_data = data
-        if limit is not None:
-            group_data = [b for b in _batches(data) if _as_batch(b).tokens.shape[1] <= limit]
-            if not group_data:
-                warnings.warn(
-                    f"{', '.join(models)}: no sequence fits in {limit} positions; skipped",
-                    stacklevel=2,
-                )
-                continue
+        group_sets = {k: v.readable_by(limit) for k, v in sets.items()}
+        group_sets = {k: v for k, v in group_sets.items() if len(v)}
+        n_kept = sum(len(v) for v in group_sets.values())
+        dropped.update({name: n_total - n_kept for name in models})
+        if not group_sets:
+            continue
         frames.update(
             divergence_frames(
-                base[0],
+                base.model,
                 models,
-                group_data,
+                group_sets,
                 heads=heads,
                 paper_compat=paper_compat,
                 include_first_row=include_first_row,
                 batch_size=batch_size,
                 layers=layers,
-                id_lengths=id_lengths,
                 progress=progress,
             )
         )
     if not frames:
-        raise ValueError("no reference model could be compared on this data")
+        raise ValueError("no reference model could read any of these sequences")
     frames = {name: frames[name] for name in loaded if name in frames}
     per_example = pd.concat([f.assign(ref=name) for name, f in frames.items()], ignore_index=True)
     per_example = per_example[["ref", *[c for c in per_example.columns if c != "ref"]]]
     table = summarize(per_example, n_boot=n_boot, seed=seed)
     first = next(iter(frames.values()))
+    models = {"nope": base.model, **{name: other.model for name, other in loaded.items()}}
+    tokens = _first_sequence(sets)
+    readable = {n: m for n, m in models.items() if _fits(m, len(tokens))}
+    layer = example_layer if example_layer < base.model.cfg.n_layers else 0
+    meta = {
+        "title": title or f"NoPE attention similarity: {_task_name(base) or 'data'}",
+        "metric": str(first["metric"].iloc[0]),
+        "reducer": str(first["reducer"].iloc[0]),
+        "refs": list(frames),
+        "not_compared": [n for n in loaded if n not in frames],
+        "dropped": {n: d for n, d in dropped.items() if d},
+        "n_boot": n_boot,
+        "seed": seed,
+        **sets.meta(),
+    }
     return ComparisonResult(
+        table,
+        meta,
         per_example=per_example,
-        table=table,
         ranking=rank_refs(table),
-        metric=str(first["metric"].iloc[0]),
-        reducer=str(first["reducer"].iloc[0]),
-        models={"nope": base[0], **{name: other[0] for name, other in loaded.items()}},
-        example_tokens=_first_example(data),
+        example_tokens=tokens.tolist(),
+        example_patterns={
+            n: attention_patterns(m, tokens[None], None, [layer])[layer][0].float().cpu().numpy()
+            for n, m in readable.items()
+            if layer < m.cfg.n_layers
+        },
+        example_layer=layer,
+        profile=distance_profile(readable, tokens),
     )
+
+
+def _first_sequence(sets) -> torch.Tensor:
+    s = next(iter(sets.values()))
+    return s.tokens[0, : int(s.attention_mask[0].sum())]
+
+
+def _fits(model, n_tokens: int) -> bool:
+    limit = max_positions(model)
+    return limit is None or n_tokens <= limit

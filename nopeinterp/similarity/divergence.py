@@ -35,9 +35,7 @@ forward pass stops after the last requested layer.
 from __future__ import annotations
 
 import itertools
-import warnings
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -45,6 +43,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from tqdm.auto import tqdm
 
+from nopeinterp.data import make_sequences
 from nopeinterp.similarity.jsd import LN2
 
 HEAD_REDUCERS = ("min", "hungarian", "same")
@@ -52,64 +51,6 @@ METRICS = ("jsd", "paper_jsd")
 # Largest pairwise tensor built at once (elements); 2**23 float32 = 32 MiB.
 CHUNK_ELEMENTS = 1 << 23
 COLUMNS = ["example", "length", "n_tokens", "split", "layer", "value", "heads", "metric", "reducer"]
-
-
-@dataclass
-class AttentionBatch:
-    """Right-padded token batch plus what the result frame reports per example."""
-
-    tokens: torch.Tensor  # [B, T] long
-    attention_mask: torch.Tensor | None = None  # [B, T], 1 on real tokens; None = all real
-    lengths: torch.Tensor | None = None  # [B] the task's length of each example
-    split: list[str] | None = None  # [B] "ID" / "OOD"
-
-    def __len__(self) -> int:
-        return self.tokens.shape[0]
-
-
-def attention_data(
-    task, tokenizer=None, *, n_per_length: int = 10, lengths=None, seed: int = 0
-) -> Iterator[AttentionBatch]:
-    """Teacher-forced full sequences (<bos> prompt target <eos>) at ID and OOD lengths.
-
-    The paper's protocol: `n_per_length` examples for every length of the task's ID range
-    (drawn from its held-out "val" pool) and of its OOD range ("test"), or for `lengths`.
-    Yields one AttentionBatch per length (so padding is minimal), with split "ID"/"OOD" by
-    `task.id_lengths`. `task`: a Task or a task name; `tokenizer` defaults to
-    `task_tokenizer(task)`. A length with no available example is skipped with a warning.
-    """
-    from nopeinterp.tasks import encode_examples, get_task, task_tokenizer
-
-    if isinstance(task, str):
-        task = get_task(task)
-    if tokenizer is None:
-        tokenizer = task_tokenizer(task)
-    if n_per_length < 1:
-        raise ValueError(f"n_per_length must be >= 1, got {n_per_length}")
-    id_lo, id_hi = task.id_lengths
-    if lengths is None:
-        ood_lo, ood_hi = task.ood_lengths
-        lengths = [*range(id_lo, id_hi + 1), *range(ood_lo, ood_hi + 1)]
-    elif isinstance(lengths, int):
-        lengths = [lengths]
-    for length in sorted(set(lengths)):
-        if not task.has_length(length):
-            continue
-        is_id = id_lo <= length <= id_hi
-        try:
-            examples = task.generate(
-                n_per_length, lengths=length, seed=seed, split="val" if is_id else "test"
-            )
-        except ValueError as err:
-            warnings.warn(f"attention_data: skipping length {length}: {err}", stacklevel=2)
-            continue
-        batch = encode_examples(tokenizer, examples, with_target=True)
-        yield AttentionBatch(
-            tokens=batch.tokens,
-            attention_mask=batch.attention_mask,
-            lengths=batch.lengths,
-            split=["ID" if is_id else "OOD"] * len(examples),
-        )
 
 
 # --- the vectorised core -------------------------------------------------------------------
@@ -233,79 +174,6 @@ def reduce_heads(matrix: np.ndarray, reducer: str) -> tuple[np.ndarray, list[str
     raise ValueError(f"unknown head reducer {reducer!r}; choose one of {', '.join(HEAD_REDUCERS)}")
 
 
-# --- data handling ---------------------------------------------------------------------------
-
-
-def _is_batch_like(obj) -> bool:
-    return (
-        isinstance(obj, torch.Tensor)
-        or hasattr(obj, "tokens")
-        or (isinstance(obj, Mapping) and "tokens" in obj)
-    )
-
-
-def _as_batch(item) -> AttentionBatch:
-    if isinstance(item, torch.Tensor):
-        tokens = item.unsqueeze(0) if item.ndim == 1 else item
-        return AttentionBatch(tokens=tokens)
-    get = item.get if isinstance(item, Mapping) else lambda k: getattr(item, k, None)
-    tokens = get("tokens")
-    if not isinstance(tokens, torch.Tensor):
-        raise TypeError(f"data item has no tokens tensor: {type(item).__name__}")
-    split = get("split")
-    if isinstance(split, str):
-        split = [split] * tokens.shape[0]
-    return AttentionBatch(
-        tokens=tokens,
-        attention_mask=get("attention_mask"),
-        lengths=get("lengths"),
-        split=None if split is None else list(split),
-    )
-
-
-def _iter_batches(data, batch_size: int) -> Iterator[AttentionBatch]:
-    items = [data] if _is_batch_like(data) else data
-    if not isinstance(items, Iterable):
-        raise TypeError(
-            "data must be a token tensor [B, T], a Batch-like object with tokens "
-            f"(+ attention_mask, lengths) or an iterable of those; got {type(data).__name__}"
-        )
-    for item in items:
-        batch = _as_batch(item)
-        tokens, mask = batch.tokens, batch.attention_mask
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
-        if mask is not None:
-            mask = mask.bool()
-            if mask.shape != tokens.shape:
-                raise ValueError("attention_mask and tokens have different shapes")
-            if (mask[:, 1:] & ~mask[:, :-1]).any() or not mask[:, 0].all():
-                raise ValueError("attention_mask must be right-padded: 1s then 0s in each row")
-        for start in range(0, tokens.shape[0], batch_size):
-            sl = slice(start, start + batch_size)
-            sub_mask = None if mask is None else mask[sl]
-            width = tokens.shape[1] if sub_mask is None else int(sub_mask.sum(1).max())
-            if sub_mask is not None and bool(sub_mask[:, :width].all()):
-                sub_mask = None  # no padding left after trimming: cheaper, same result
-            yield AttentionBatch(
-                tokens=tokens[sl, :width],
-                attention_mask=None if sub_mask is None else sub_mask[:, :width],
-                lengths=None if batch.lengths is None else batch.lengths[sl],
-                split=None if batch.split is None else batch.split[sl],
-            )
-
-
-def _n_examples(data) -> int | None:
-    if _is_batch_like(data):
-        return len(_as_batch(data).tokens)
-    if isinstance(data, list | tuple):
-        try:
-            return sum(len(_as_batch(item).tokens) for item in data)
-        except TypeError:
-            return None
-    return None
-
-
 # --- models ----------------------------------------------------------------------------------
 
 
@@ -409,56 +277,57 @@ def divergence_frames(
         include_first_row = paper_compat  # the official code averages row 0 in
     d_vocab = model_a.cfg.d_vocab
 
+    sets = make_sequences(data, purpose="analysis", id_lengths=id_lengths)
     meta = {"example": [], "length": [], "n_tokens": [], "split": []}
     results = {name: {"value": [], "heads": []} for name in models_b}  # [example][layer]
     bar = tqdm(
-        total=_n_examples(data), unit="ex", desc="attention divergence", disable=not progress
+        total=sum(len(s) for s in sets.values()),
+        unit="ex",
+        desc="attention divergence",
+        disable=not progress,
     )
     n_seen = 0
     try:
-        for batch in _iter_batches(data, batch_size):
-            tokens = batch.tokens
-            if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= d_vocab):
-                raise ValueError(f"token ids outside the models' vocabulary [0, {d_vocab})")
-            n = tokens.shape[0]
-            mask = batch.attention_mask
-            valid = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.bool()
-            n_tokens = valid.sum(1)
-            if not include_first_row:
-                valid = valid.clone()
-                valid[:, 0] = False
-            valid = valid.to(model_a.cfg.device)
-            pats_a = attention_patterns(model_a, tokens, mask, layers)
-            for name, model_b in models_b.items():
-                pats_b = attention_patterns(model_b, tokens, mask, layers)
-                vals = np.empty((n, len(layers)))
-                pair_names = [[None] * len(layers) for _ in range(n)]
-                for li, layer in enumerate(layers):
-                    mat = head_pair_divergence(
-                        pats_a[layer], pats_b[layer].to(pats_a[layer].device), valid, metric=metric
-                    )
-                    v, h = reduce_heads(mat.cpu().numpy(), reducers[name])
-                    vals[:, li] = v
-                    for e in range(n):
-                        pair_names[e][li] = h[e]
-                results[name]["value"].extend(vals.tolist())
-                results[name]["heads"].extend(pair_names)
-                del pats_b
-            del pats_a
-            lengths = n_tokens if batch.lengths is None else batch.lengths
-            lengths = [int(x) for x in lengths]
-            if batch.split is not None:
-                split = list(batch.split)
-            elif id_lengths is not None:
-                split = ["ID" if id_lengths[0] <= x <= id_lengths[1] else "OOD" for x in lengths]
-            else:
-                split = [None] * n
-            meta["example"].extend(range(n_seen, n_seen + n))
-            meta["length"].extend(lengths)
-            meta["n_tokens"].extend(int(x) for x in n_tokens)
-            meta["split"].extend(split)
-            n_seen += n
-            bar.update(n)
+        for split, sequences in sets.items():
+            for batch in sequences.batches(batch_size):
+                tokens = batch.tokens
+                if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= d_vocab):
+                    raise ValueError(f"token ids outside the models' vocabulary [0, {d_vocab})")
+                n = tokens.shape[0]
+                valid = batch.attention_mask.bool()
+                # no padding left after trimming: run without a mask (cheaper, same result)
+                mask = None if bool(valid.all()) else batch.attention_mask
+                n_tokens = valid.sum(1)
+                if not include_first_row:
+                    valid = valid.clone()
+                    valid[:, 0] = False
+                valid = valid.to(model_a.cfg.device)
+                pats_a = attention_patterns(model_a, tokens, mask, layers)
+                for name, model_b in models_b.items():
+                    pats_b = attention_patterns(model_b, tokens, mask, layers)
+                    vals = np.empty((n, len(layers)))
+                    pair_names = [[None] * len(layers) for _ in range(n)]
+                    for li, layer in enumerate(layers):
+                        mat = head_pair_divergence(
+                            pats_a[layer],
+                            pats_b[layer].to(pats_a[layer].device),
+                            valid,
+                            metric=metric,
+                        )
+                        v, h = reduce_heads(mat.cpu().numpy(), reducers[name])
+                        vals[:, li] = v
+                        for e in range(n):
+                            pair_names[e][li] = h[e]
+                    results[name]["value"].extend(vals.tolist())
+                    results[name]["heads"].extend(pair_names)
+                    del pats_b
+                del pats_a
+                meta["example"].extend(range(n_seen, n_seen + n))
+                meta["length"].extend(int(x) for x in batch.lengths)
+                meta["n_tokens"].extend(int(x) for x in n_tokens)
+                meta["split"].extend([split] * n)
+                n_seen += n
+                bar.update(n)
     finally:
         bar.close()
     if n_seen == 0:
@@ -500,18 +369,20 @@ def attention_divergence(
 ) -> pd.DataFrame:
     """Divergence between the attention patterns of two models, per example and layer.
 
-    data: a token tensor [B, T] (every position real), a Batch-like object with `tokens`
-    (+ right-padded `attention_mask`, `lengths`, `split`), or an iterable of those, e.g.
-    `attention_data(task, tokenizer)`. Sequences are run teacher-forced as given.
+    data: anything `nopeinterp.data.make_sequences` takes: token ids [B, T] (every position
+    real), a Batch-like object with `tokens` (+ right-padded `attention_mask`, `lengths`),
+    `Sequences`, a mapping of split name -> those, or a task (the paper's protocol: pass
+    `make_sequences(task, n_per_length=10)`). Sequences are run teacher-forced as given, in
+    batches of one task length.
     heads: "min" | "hungarian" | "same" (see the module docstring).
     paper_compat: the official code's metric (paper_jsd) and head pairs; includes row 0
     unless include_first_row=False. include_first_row: default False (True if paper_compat).
     layers: subset of layers (needed when the models' layer counts differ).
-    id_lengths: (lo, hi) to fill `split` when the data do not carry one.
+    id_lengths: (lo, hi) to split token data into "ID"/"OOD" (else one split, "all").
     progress: tqdm bar over examples.
 
     Returns a tidy DataFrame, one row per (example, layer): example (index in data order),
-    length (the task's length, else the token count), n_tokens, split ("ID"/"OOD"/None),
+    length (the task's length, else the token count), n_tokens, split ("ID"/"OOD"/"all"),
     layer, value, heads (matched pairs "a-b,..." or the argmin pair), metric ("jsd" |
     "paper_jsd"), reducer ("min" | "hungarian" | "same" | "paper_min").
     Raises ValueError for incompatible models (d_vocab, n_layers without `layers`, head

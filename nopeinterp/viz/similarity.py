@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-import torch
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
@@ -17,9 +17,8 @@ def _colors(names) -> dict:
 
 
 def attention_heatmaps(
-    model_a,
-    model_b,
-    tokens: torch.Tensor,
+    pattern_a,
+    pattern_b,
     layer: int,
     names: tuple[str, str] = ("NoPE", "reference"),
     *,
@@ -28,26 +27,24 @@ def attention_heatmaps(
 ) -> go.Figure:
     """Side-by-side attention patterns of two models on one sequence at `layer`.
 
-    `tokens`: [T] or [1, T] (one unpadded sequence). `head`: an index, or "mean" over heads.
+    `pattern_a`, `pattern_b`: [head, query, key] arrays (one unpadded sequence, e.g.
+    `ComparisonResult.example_patterns`). `head`: an index, or "mean" over heads.
     """
-    from nopeinterp.similarity.divergence import attention_patterns
-
-    if tokens.ndim == 1:
-        tokens = tokens[None]
-    if tokens.shape[0] != 1:
-        raise ValueError("attention_heatmaps shows one sequence; pass tokens of shape [T]")
-    labels = str_tokens or [str(i) for i in range(tokens.shape[1])]
-    if len(labels) != tokens.shape[1]:
+    pattern_a, pattern_b = np.asarray(pattern_a), np.asarray(pattern_b)
+    if pattern_a.ndim != 3 or pattern_a.shape[1:] != pattern_b.shape[1:]:
+        raise ValueError("attention_heatmaps needs two [head, query, key] patterns of one sequence")
+    T = pattern_a.shape[-1]
+    labels = str_tokens or [str(i) for i in range(T)]
+    if len(labels) != T:
         raise ValueError("str_tokens must have one label per token")
     # Plotly merges equal category labels; prefix the position to keep repeats apart.
     labels = [f"{i}:{s}" for i, s in enumerate(labels)] if str_tokens else labels
     fig = make_subplots(rows=1, cols=2, subplot_titles=list(names), horizontal_spacing=0.08)
-    for col, model in enumerate((model_a, model_b), start=1):
-        pattern = attention_patterns(model, tokens, None, [layer])[layer][0]  # [H, T, T]
+    for col, pattern in enumerate((pattern_a, pattern_b), start=1):
         z = pattern.mean(0) if head == "mean" else pattern[int(head)]
         fig.add_trace(
             go.Heatmap(
-                z=z.float().cpu().numpy(),
+                z=z,
                 x=labels,
                 y=labels,
                 coloraxis="coloraxis",
