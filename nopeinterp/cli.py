@@ -120,6 +120,21 @@ def _length_range(lengths):
     return (min(lengths), max(lengths)) if lengths else None
 
 
+def _load(path, hf: bool = False, device=None):
+    """A checkpoint path (loaded only when --device asks for it) or, with `hf`, a Hugging Face
+    save_pretrained directory converted by `nopeinterp.from_hf`."""
+    if hf:
+        return nopeinterp.from_hf(path, device=device)
+    return nopeinterp.load_checkpoint(path, device=device) if device else path
+
+
+def _text_data(args):
+    """--text FILE -> its documents (one per line), else None (the model's default data)."""
+    from nopeinterp.data import read_texts
+
+    return read_texts(args.text) if getattr(args, "text", None) else None
+
+
 def _each_checkpoint(args, analyse, what: str, **params) -> int:
     """`analyse(path, **flags)` on the checkpoint, or on every checkpoint of a directory: print
     each result's pivot table and save each under --out (a subfolder per checkpoint for a
@@ -128,8 +143,11 @@ def _each_checkpoint(args, analyse, what: str, **params) -> int:
 
     from nopeinterp.zoo import checkpoint_files
 
-    paths = checkpoint_files(args.checkpoint)
-    many = len(paths) > 1 or Path(args.checkpoint).is_dir()
+    if (args.checkpoint is None) == (args.hf is None):
+        raise NopeinterpError("give a checkpoint or --hf DIR (one of them)")
+    paths = [Path(args.hf)] if args.hf else checkpoint_files(args.checkpoint)
+    many = not args.hf and (len(paths) > 1 or Path(args.checkpoint).is_dir())
+    data = _text_data(args)
     flags = dict(
         layers=args.layers,
         id_lengths=_length_range(args.id_lengths),
@@ -139,7 +157,7 @@ def _each_checkpoint(args, analyse, what: str, **params) -> int:
     )
     pivots = []
     for path in paths:
-        result = analyse(path, **flags)
+        result = analyse(_load(path, bool(args.hf), args.device), data, **flags)
         pivots.append(pd.concat({path.stem: result.pivot()}, names=["checkpoint"]))
         if args.out:
             result.save(Path(args.out) / path.stem if many else args.out)
@@ -170,7 +188,11 @@ def cmd_compare_attention(args) -> int:
 
     directory = Path(args.checkpoints)
     entries = zoo.find_checkpoints(directory) if directory.is_dir() else []
-    if args.nope:
+    if args.nope_hf:
+        if args.nope:
+            raise NopeinterpError("give --nope or --nope-hf, not both")
+        nope, task, prime = _load(args.nope_hf, True, args.device), args.task, args.nope_prime
+    elif args.nope:
         nope = Path(args.nope)
         task = args.task or nopeinterp.load_checkpoint(nope).task
         prime = args.nope_prime
@@ -181,11 +203,16 @@ def cmd_compare_attention(args) -> int:
         nope_entry, prime_entry = zoo.nope_pair(entries, task)
         nope = nope_entry.path
         prime = args.nope_prime or (prime_entry.path if prime_entry else None)
-    refs = zoo.references(entries, task, args.ref)
+    refs = zoo.references(entries, task, args.ref) if args.ref else {}
+    refs = {k: _load(v, False, args.device) for k, v in refs.items()}
+    refs.update({Path(d).name: _load(d, True, args.device) for d in args.ref_hf or []})
+    if not refs:
+        raise NopeinterpError("give at least one --ref or --ref-hf")
     result = compare_attention(
-        nope,
+        nope if args.nope_hf else _load(nope, False, args.device),
         refs,
-        nope_prime=prime,
+        _text_data(args),
+        nope_prime=None if prime is None else _load(prime, False, args.device),
         heads=args.heads,
         paper_compat=args.paper_compat,
         n_per_length=args.n,
@@ -210,8 +237,20 @@ def _out(p, what="CSV + HTML") -> None:
     p.add_argument("--out", default=None, help=f"directory for {what}")
 
 
+def _outside_flags(p) -> None:
+    p.add_argument(
+        "--text", default=None, help="analyse these texts: one document per line (default: "
+        "the checkpoint's task; random tokens for a model without one)"
+    )  # fmt: skip
+    p.add_argument("--device", default=None, help="e.g. cuda (default: where the model is)")
+
+
 def _analysis_flags(p) -> None:
-    p.add_argument("checkpoint", help="a checkpoint, or a directory: every checkpoint in it")
+    p.add_argument(
+        "checkpoint", nargs="?", help="a checkpoint, or a directory: every checkpoint in it"
+    )
+    p.add_argument("--hf", default=None, help="a Hugging Face save_pretrained directory instead")
+    _outside_flags(p)
     p.add_argument(
         "--layers", type=parse_layers, default=None, help="comma-separated, e.g. 0,1 (default all)"
     )
@@ -292,9 +331,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ref",
         action="append",
-        required=True,
         help="PE name, checkpoint path, or 'all' (repeatable)",
     )
+    p.add_argument(
+        "--ref-hf", action="append", help="a Hugging Face save_pretrained directory (repeatable)"
+    )
+    p.add_argument("--nope-hf", default=None, help="a Hugging Face directory in NoPE's place")
+    _outside_flags(p)
     p.add_argument("--checkpoints", default="checkpoints", help="where PE names are looked up")
     p.add_argument("--nope", default=None, help="NoPE checkpoint (default: <dir>/<task>-nope.pt)")
     p.add_argument(

@@ -409,7 +409,8 @@ def from_hf(
     with torch.no_grad():
         state_dict = getattr(weight_conversions, family.converter)(hf, cfg)
         if family.pe == "per-layer":
-            return _finish(_per_layer_model(hf_config, cfg, state_dict), tokenizer, arch)
+            model = _per_layer_model(hf_config, cfg, state_dict)
+            return _finish(model, tokenizer, arch, hf_config)
         with tl_deprecation_silenced():
             model = HookedTransformer(cfg, move_to_device=False)
         if family.pe == "alibi":
@@ -432,14 +433,17 @@ def from_hf(
         if family.pe == "rotary"
         else {}
     )
-    return _finish(model, tokenizer, arch)
+    return _finish(model, tokenizer, arch, hf_config)
 
 
-def _finish(model, tokenizer, arch: str):
+def _finish(model, tokenizer, arch: str, hf_config=None):
     if tokenizer is not None:
         model.tokenizer = tokenizer  # not set_tokenizer: that re-loads it by name
         model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
     model.hf_architecture = arch
+    # the BOS token the data layer puts first (nopeinterp.data.bos_token_id); None if none
+    bos = getattr(hf_config, "bos_token_id", None)
+    model.bos_token_id = bos if isinstance(bos, int) and 0 <= bos < model.cfg.d_vocab else None
     return model.eval()
 
 
