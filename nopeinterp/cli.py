@@ -218,7 +218,8 @@ def cmd_compare_attention(args) -> int:
         n_per_length=args.n,
         seed=args.seed,
     )
-    print(f"attention divergence from NoPE ({result.metric}, heads={result.reducer}), {task}:")
+    print(f"attention divergence from NoPE ({result.metric}, heads={result.reducer}), "
+          f"{task or ('texts' if args.text else 'random tokens')}:")  # fmt: skip
     print(_fmt(result.ranking, index=False))
     _save(result, args.out)
     return 0
