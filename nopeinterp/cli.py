@@ -216,6 +216,8 @@ def cmd_compare_attention(args) -> int:
         heads=args.heads,
         paper_compat=args.paper_compat,
         n_per_length=args.n,
+        id_lengths=_length_range(args.id_lengths),
+        ood_lengths=_length_range(args.ood_lengths),
         seed=args.seed,
     )
     print(f"attention divergence from NoPE ({result.metric}, heads={result.reducer}), "
@@ -339,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--nope-hf", default=None, help="a Hugging Face directory in NoPE's place")
     _outside_flags(p)
+    p.add_argument("--id-lengths", type=parse_lengths, default=None, help="default: the task's")
+    p.add_argument("--ood-lengths", type=parse_lengths, default=None, help="default: the task's")
     p.add_argument("--checkpoints", default="checkpoints", help="where PE names are looked up")
     p.add_argument("--nope", default=None, help="NoPE checkpoint (default: <dir>/<task>-nope.pt)")
     p.add_argument(
