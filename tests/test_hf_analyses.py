@@ -160,3 +160,23 @@ def test_cli_hf_flags(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     r = run_cli("probe-distance")
     assert r.returncode == 2 and "--hf" in r.stderr
+
+
+def test_distance_stats_by_row_blocks_equal_the_whole(monkeypatch):
+    import nopeinterp.probing.distance as dist
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, 3, 9, 9, generator=g)
+    pattern = torch.softmax(scores.masked_fill(~torch.ones(9, 9).tril().bool(), -1e9), -1)
+    valid = torch.ones(2, 9, 9, dtype=torch.bool)
+    valid[1, 6:] = False
+    valid[1, :, 6:] = False
+    whole = dist.DistanceStats(3).update(scores, valid, pattern)
+    monkeypatch.setattr(dist, "ROW_BLOCK_CELLS", 2 * 3 * 9 * 2)  # 2 query rows per block
+    blocks = dist.DistanceStats(3).update(scores, valid, pattern)
+    for name in ("count", "gram", "b", "mass", "rel_mass", "rel_uniform", "ss_tot"):
+        torch.testing.assert_close(
+            getattr(blocks, name), getattr(whole, name), rtol=1e-12, atol=1e-12
+        )
+    assert (blocks.n_cells, blocks.n_rows) == (whole.n_cells, whole.n_rows)
+    torch.testing.assert_close(blocks.solve()[0], whole.solve()[0], rtol=1e-10, atol=1e-12)
