@@ -5,6 +5,7 @@ two outside models compared, an outside model against our own model on shared te
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import torch
 import transformers as tf
@@ -180,3 +181,20 @@ def test_distance_stats_by_row_blocks_equal_the_whole(monkeypatch):
         )
     assert (blocks.n_cells, blocks.n_rows) == (whole.n_cells, whole.n_rows)
     torch.testing.assert_close(blocks.solve()[0], whole.solve()[0], rtol=1e-10, atol=1e-12)
+
+
+def test_attention_divergence_layer_by_layer_equals_all_at_once(monkeypatch):
+    import nopeinterp.similarity.divergence as div
+
+    a, b = from_hf(smollm3(0)), from_hf(smollm3(1))
+    toks = random_sequences(a, [((6, 12), 5)], seed=2)
+    whole = div.attention_divergence(a, b, toks, progress=False)
+    monkeypatch.setattr(div, "PATTERN_CACHE_MB", 1e-9)  # one layer per pass
+    calls = []
+    real = div.attention_patterns
+    monkeypatch.setattr(div, "attention_patterns", lambda *x: calls.append(x[3]) or real(*x))
+    layered = div.attention_divergence(a, b, toks, progress=False)
+    assert calls and all(len(ls) == 1 for ls in calls)
+    assert len(calls) == 2 * 4 * len(list(toks.batches(32)))  # 2 models x 4 layers x batches
+    assert (whole["value"] > 0).all()
+    pd.testing.assert_frame_equal(whole, layered)
