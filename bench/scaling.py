@@ -15,6 +15,13 @@ per head, so k ~ 2 is expected for both; the rows' target (<= 2.2) is a sanity c
 from the issue.
 
     python -m bench.scaling [--quick] [--threads N]
+    python -m bench.scaling --outside [--lengths 512,1024,2048]
+
+--outside (issue 14): peak RSS (ru_maxrss of a fresh process, minus the same process's RSS
+after loading the model) of the CLI's `probe-distance --n-eval 1` and `compare-attention --n 1`
+on a random 2-layer SmolLM3 with 16 heads (d_model 256), one random-token sequence per length.
+Target: growth between lengths no worse than one layer's attention for one example
+(16 x T^2 float32).
 """
 
 from __future__ import annotations
@@ -177,12 +184,70 @@ def run(quick: bool = False, isolated: bool | None = None) -> list[dict]:
     return rows
 
 
+OUTSIDE_HEADS = 16
+_OUTSIDE_CHILD = """
+import resource, sys
+import nopeinterp
+from nopeinterp.cli import main
+nopeinterp.from_hf(sys.argv[1])  # load once to measure the baseline
+base = int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])
+code = main(sys.argv[2:])
+print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, code)
+"""
+
+
+def outside_rss(lengths=(512, 1024, 2048)) -> list[dict]:
+    """Peak RSS growth (KiB) of probe-distance / compare-attention on a 16-head outside model."""
+    import tempfile
+
+    import transformers as tf
+
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = tf.SmolLM3Config(vocab_size=512, hidden_size=256, num_attention_heads=OUTSIDE_HEADS,
+                               num_key_value_heads=4, num_hidden_layers=2, intermediate_size=512,
+                               no_rope_layers=[1, 0], max_position_embeddings=4096,
+                               bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+        torch.manual_seed(0)
+        tf.SmolLM3ForCausalLM(cfg).save_pretrained(tmp)
+        for T in lengths:
+            lens = ["--id-lengths", f"{T}", "--ood-lengths", f"{T + 1}"]
+            for kind, argv in (
+                ("probe-distance", ["probe-distance", "--hf", tmp, "--n-eval", "1", *lens]),
+                ("compare-attention",
+                 ["compare-attention", "--nope-hf", tmp, "--ref-hf", tmp, "--n", "1", *lens]),
+            ):  # fmt: skip
+                t0 = time.perf_counter()
+                res = subprocess.run([sys.executable, "-c", _OUTSIDE_CHILD, tmp, *argv], env=env,
+                                     cwd=root, capture_output=True, text=True)  # fmt: skip
+                if res.returncode != 0:
+                    raise RuntimeError(res.stderr[-2000:])
+                base, peak, code = (int(x) for x in res.stdout.strip().splitlines()[-1].split())
+                one_layer = OUTSIDE_HEADS * T * T * 4 / 1024  # KiB
+                out.append(dict(kind=kind, length=T, peak_kib=peak, growth_kib=peak - base,
+                                one_layer_attention_kib=one_layer,
+                                seconds=time.perf_counter() - t0))  # fmt: skip
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--child", choices=KINDS, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--outside", action="store_true", help="issue 14: 16-head HF model RSS")
+    parser.add_argument("--lengths", default="512,1024,2048")
     args = parser.parse_args()
+    if args.outside:
+        rows = outside_rss(tuple(int(x) for x in args.lengths.split(",")))
+        for r in rows:
+            print(json.dumps(r))
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:

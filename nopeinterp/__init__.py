@@ -16,6 +16,7 @@ _EXPORTS = {
     "PE_TYPES": "nopeinterp.models",
     "build_model": "nopeinterp.models",
     "model_config": "nopeinterp.models",
+    "from_hf": "nopeinterp.models.hf",
     "layer_pes": "nopeinterp.models",
     "set_rope_scaling": "nopeinterp.models",
     "Checkpoint": "nopeinterp.checkpoint",

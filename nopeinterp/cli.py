@@ -165,29 +165,42 @@ def _analysis_kwargs(args) -> dict:
     return kw
 
 
+def _load(path, hf: bool = False, device=None):
+    """A checkpoint path (loaded only when --device asks for it) or, with `hf`, a Hugging Face
+    save_pretrained directory converted by `nopeinterp.from_hf`."""
+    if hf:
+        return nopeinterp.from_hf(path, device=device)
+    return nopeinterp.load_checkpoint(path, device=device) if device else path
+
+
+def _text_data(args):
+    """--text FILE -> its documents (one per line), else None (the model's default data)."""
+    from nopeinterp.data import read_texts
+
+    return read_texts(args.text) if getattr(args, "text", None) else None
+
+
 def _each_checkpoint(args, analyse, what) -> int:
-    """`analyse(path)` on the checkpoint, or on every checkpoint of a directory: print each
-    result's pivot table and save each under --out (a subfolder per checkpoint for a
-    directory). `analyse` may return a tuple of results (then `what` is a tuple of headings),
-    saved side by side."""
+    """`analyse(model, data)` on the checkpoint, on every checkpoint of a directory, or on the
+    --hf model (data: the --text documents, else None): print each result's pivot table and
+    save each under --out (a subfolder per checkpoint for a directory). `analyse` may return a
+    tuple of results (then `what` is a tuple of headings), saved side by side."""
     import pandas as pd
 
     from nopeinterp.zoo import checkpoint_files
 
-    paths = checkpoint_files(args.checkpoint)
-    many = len(paths) > 1 or Path(args.checkpoint).is_dir()
+    if (args.checkpoint is None) == (args.hf is None):
+        raise NopeinterpError("give a checkpoint or --hf DIR (one of them)")
+    paths = [Path(args.hf)] if args.hf else checkpoint_files(args.checkpoint)
+    many = not args.hf and (len(paths) > 1 or Path(args.checkpoint).is_dir())
+    data = _text_data(args)
     whats = what if isinstance(what, tuple) else (what,)
     pivots = [[] for _ in whats]
     for path in paths:
-        results = analyse(path)
+        results = analyse(_load(path, bool(args.hf), args.device), data)
         results = results if isinstance(results, tuple) else (results,)
         for found, result in zip(pivots, results, strict=True):
-            pivot = result.pivot()
-            found.append(
-                pivot.set_index(
-                    pd.Index([path.stem] * len(pivot), name="checkpoint"), append=True
-                ).reorder_levels([-1, *range(pivot.index.nlevels)])
-            )
+            found.append(pd.concat({path.stem: result.pivot()}, names=["checkpoint"]))
             if args.out:
                 result.save(Path(args.out) / path.stem if many else args.out)
     for heading, found in zip(whats, pivots, strict=True):
@@ -203,7 +216,7 @@ def cmd_probe_position(args) -> int:
 
     return _each_checkpoint(
         args,
-        lambda path: probe_position(path, **_analysis_kwargs(args)),
+        lambda model, data: probe_position(model, data, **_analysis_kwargs(args)),
         "position probes per layer ([random_init] = same config, untrained):",
     )
 
@@ -213,7 +226,7 @@ def cmd_probe_distance(args) -> int:
 
     return _each_checkpoint(
         args,
-        lambda path: distance_dependence(path, **_analysis_kwargs(args)),
+        lambda model, data: distance_dependence(model, data, **_analysis_kwargs(args)),
         "distance dependence (R2 of the logits on n - m) per layer and head:",
     )
 
@@ -223,7 +236,7 @@ def cmd_erase_position(args) -> int:
 
     return _each_checkpoint(
         args,
-        lambda path: erase_position(path, **_analysis_kwargs(args)),
+        lambda model, data: erase_position(model, data, **_analysis_kwargs(args)),
         "position erasure per layer (LEACE vs a random subspace of the same rank):",
     )
 
@@ -231,12 +244,12 @@ def cmd_erase_position(args) -> int:
 def cmd_heads(args) -> int:
     from nopeinterp.probing import attention_sinks, classify_heads
 
-    def analyse(path):
+    def analyse(model, data):
         from nopeinterp.data import as_model
 
-        mi = as_model(path)  # loaded once for both analyses
+        mi = as_model(model)  # loaded once for both analyses
         kw = _analysis_kwargs(args)
-        return attention_sinks(mi, **kw), classify_heads(mi, **kw)
+        return attention_sinks(mi, data, **kw), classify_heads(mi, data, **kw)
 
     return _each_checkpoint(
         args,
@@ -259,7 +272,11 @@ def cmd_compare_attention(args) -> int:
             raise NopeinterpError(f"unknown task {args.task!r}; choose one of {', '.join(TASKS)}")
     directory = Path(args.checkpoints)
     entries = zoo.find_checkpoints(directory) if directory.is_dir() else []
-    if args.nope:
+    if args.nope_hf:
+        if args.nope:
+            raise NopeinterpError("give --nope or --nope-hf, not both")
+        nope, task, prime = _load(args.nope_hf, True, args.device), args.task, args.nope_prime
+    elif args.nope:
         nope = Path(args.nope)
         task = args.task or nopeinterp.load_checkpoint(nope).task
         prime = args.nope_prime
@@ -270,17 +287,25 @@ def cmd_compare_attention(args) -> int:
         nope_entry, prime_entry = zoo.nope_pair(entries, task)
         nope = nope_entry.path
         prime = args.nope_prime or (prime_entry.path if prime_entry else None)
-    refs = zoo.references(entries, task, args.ref)
+    refs = zoo.references(entries, task, args.ref) if args.ref else {}
+    refs = {k: _load(v, False, args.device) for k, v in refs.items()}
+    refs.update({Path(d).name: _load(d, True, args.device) for d in args.ref_hf or []})
+    if not refs:
+        raise NopeinterpError("give at least one --ref or --ref-hf")
     result = compare_attention(
-        nope,
+        nope if args.nope_hf else _load(nope, False, args.device),
         refs,
-        nope_prime=prime,
+        _text_data(args),
+        nope_prime=None if prime is None else _load(prime, False, args.device),
         heads=args.heads,
         paper_compat=args.paper_compat,
         n_per_length=args.n,
+        id_lengths=_length_range(args.id_lengths),
+        ood_lengths=_length_range(args.ood_lengths),
         seed=args.seed,
     )
-    print(f"attention divergence from NoPE ({result.metric}, heads={result.reducer}), {task}:")
+    print(f"attention divergence from NoPE ({result.metric}, heads={result.reducer}), "
+          f"{task or ('texts' if args.text else 'random tokens')}:")  # fmt: skip
     print(_fmt(result.ranking, index=False))
     _save(result, args.out)
     return 0
@@ -306,8 +331,20 @@ def _out(p, what="CSV + HTML") -> None:
     p.add_argument("--out", default=None, type=_args.out_dir, help=f"directory for {what}")
 
 
+def _outside_flags(p) -> None:
+    p.add_argument(
+        "--text", default=None, help="analyse these texts: one document per line (default: "
+        "the checkpoint's task; random tokens for a model without one)"
+    )  # fmt: skip
+    p.add_argument("--device", default=None, help="e.g. cuda (default: where the model is)")
+
+
 def _analysis_flags(p) -> None:
-    p.add_argument("checkpoint", help="a checkpoint, or a directory: every checkpoint in it")
+    p.add_argument(
+        "checkpoint", nargs="?", help="a checkpoint, or a directory: every checkpoint in it"
+    )
+    p.add_argument("--hf", default=None, help="a Hugging Face save_pretrained directory instead")
+    _outside_flags(p)
     p.add_argument(
         "--layers", type=parse_layers, default=None, help="comma-separated, e.g. 0,1 (default all)"
     )
@@ -425,9 +462,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ref",
         action="append",
-        required=True,
         help="PE name, checkpoint path, or 'all' (repeatable)",
     )
+    p.add_argument(
+        "--ref-hf", action="append", help="a Hugging Face save_pretrained directory (repeatable)"
+    )
+    p.add_argument("--nope-hf", default=None, help="a Hugging Face directory in NoPE's place")
+    _outside_flags(p)
+    p.add_argument("--id-lengths", type=parse_lengths, default=None, help="default: the task's")
+    p.add_argument("--ood-lengths", type=parse_lengths, default=None, help="default: the task's")
     p.add_argument("--checkpoints", default="checkpoints", help="where PE names are looked up")
     p.add_argument("--nope", default=None, help="NoPE checkpoint (default: <dir>/<task>-nope.pt)")
     p.add_argument(

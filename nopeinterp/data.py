@@ -9,7 +9,13 @@ given into named `Sequences` here, and nowhere else.
   - token ids: a tensor [B, T] (optional right-padded `attention_mask` and per-sequence
     `lengths`), or anything with `.tokens` (+ `.attention_mask`, `.lengths`), e.g. a
     `nopeinterp.tasks.Batch`;
-  - a list of strings, with `tokenizer=` (or the model's tokenizer);
+  - a list of strings, with `tokenizer=` (or the model's tokenizer); with stated lengths (or
+    for a model that records no task) each document is cut to one prefix per split, its length
+    drawn in that split's range (`cut_texts`); shorter documents are counted as dropped;
+  - None with a model that records no task (e.g. one from `nopeinterp.from_hf`): random token
+    sequences from the model's vocabulary, its BOS token first when it has one
+    (`random_sequences`), ID lengths DEFAULT_ID_LENGTHS and OOD lengths DEFAULT_OOD_LENGTHS
+    (in tokens, BOS included) unless `id_lengths` / `ood_lengths` say otherwise;
   - a mapping of split name -> one of the token forms above (names among "fit"/"train",
     "val", "ID", "OOD", or any other).
 
@@ -34,6 +40,10 @@ SOURCE_SPLIT = {"ID": "val", "OOD": "test"}
 # Canonical order of named splits.
 SPLIT_ORDER = ("fit", "val", "ID", "OOD", "all")
 NOT_READABLE = "longer than the model's position table"
+TOO_SHORT = "document shorter than the requested length"
+# Lengths (in tokens) for data without a task: random tokens and cut texts.
+DEFAULT_ID_LENGTHS = (8, 64)
+DEFAULT_OOD_LENGTHS = (65, 128)
 
 
 @dataclass
@@ -319,6 +329,89 @@ def _as_sequences(name, obj, attention_mask=None, lengths=None) -> Sequences:
     return Sequences(tokens, attention_mask, torch.as_tensor(lengths).long(), name)
 
 
+def bos_token_id(model, tokenizer=None) -> int | None:
+    """The model's BOS token id (recorded by `from_hf`, else its tokenizer's), or None."""
+    bos = getattr(model, "bos_token_id", None)
+    if bos is None and tokenizer is not None:
+        bos = getattr(tokenizer, "bos_token_id", None)
+    return None if bos is None else int(bos)
+
+
+def _pad(rows: list[torch.Tensor], lengths=None, name="all") -> Sequences:
+    width = max(len(r) for r in rows)
+    tokens = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+        mask[i, : len(r)] = 1
+    return _as_sequences(name, tokens, mask, lengths)
+
+
+def _draw_lengths(ranges: list[tuple[tuple[int, int], int]], g) -> list[int]:
+    out = []
+    for (lo, hi), n in ranges:
+        out += torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+    return out
+
+
+def random_sequences(
+    model, ranges: list[tuple[tuple[int, int], int]], *, seed: int = 0, tokenizer=None
+) -> Sequences:
+    """Uniform random token ids of the model's vocabulary: for each ((lo, hi), n) in `ranges`,
+    n sequences of a length drawn in lo..hi (tokens, BOS included). The BOS token (see
+    `bos_token_id`) comes first and is never drawn elsewhere."""
+    g = torch.Generator().manual_seed(seed)
+    d_vocab = int(model.cfg.d_vocab)
+    bos = bos_token_id(model, tokenizer)
+    rows = []
+    for length in _draw_lengths(ranges, g):
+        ids = torch.randint(0, d_vocab - (bos is not None), (length,), generator=g)
+        if bos is not None:
+            ids = ids + (ids >= bos).long()  # skip the BOS id
+            ids[0] = bos
+        rows.append(ids)
+    return _pad(rows)
+
+
+def cut_texts(
+    texts: list[str], tokenizer, ranges: list[tuple[int, int]], *, seed: int = 0, bos=None
+) -> Sequences:
+    """Each document tokenized (BOS first when `bos` is given and the tokenizer did not add
+    it), then cut to one prefix per range in `ranges`, its length drawn in that range (capped
+    at the document's length when the document reaches the range); a document shorter than a
+    range's minimum gives no sequence for it (counted in `dropped`)."""
+    g = torch.Generator().manual_seed(seed)
+    rows, n_short = [], 0
+    for text in texts:
+        ids = list(tokenizer(text)["input_ids"])
+        if bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
+        for lo, hi in ranges:
+            length = int(torch.randint(lo, hi + 1, (1,), generator=g))
+            if len(ids) < lo:
+                n_short += 1
+                continue
+            rows.append(torch.tensor(ids[: min(length, len(ids))], dtype=torch.long))
+    if not rows:
+        raise ValueError(f"no document reaches the requested lengths {ranges}")
+    s = _pad(rows)
+    if n_short:
+        s.dropped[TOO_SHORT] = n_short
+    return s
+
+
+def read_texts(path) -> list[str]:
+    """One document per non-empty line of a UTF-8 text file."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason})") from None
+    texts = [line for line in lines if line.strip()]
+    if not texts:
+        raise ValueError(f"{path}: no text (one document per line)")
+    return texts
+
+
 def _random_split(s: Sequences, fractions: dict[str, float], seed: int) -> dict[str, Sequences]:
     """Random disjoint split of `s` by fractions (the last takes the rest)."""
     g = torch.Generator().manual_seed(seed)
@@ -394,6 +487,17 @@ def make_sequences(
         mi = as_model(model)
         model = mi.model
         tokenizer = tokenizer or mi.tokenizer
+    no_task = mi is not None and mi.task_spec is None
+    if data is None and no_task:
+        id_lengths = tuple(id_lengths or DEFAULT_ID_LENGTHS)
+        ood_lengths = tuple(ood_lengths or DEFAULT_OOD_LENGTHS)
+        if n_per_length is not None:  # that many at every ID and OOD length
+            ranges = [((n, n), n_per_length) for r in (id_lengths, ood_lengths)
+                      for n in range(r[0], r[1] + 1)]  # fmt: skip
+        else:
+            n_id = n_train + n_eval if purpose == "probe" else n_eval
+            ranges = [(id_lengths, n_id), (ood_lengths, n_eval)]
+        data = random_sequences(model, ranges, seed=seed, tokenizer=tokenizer)
     if data is None:
         if mi is None or mi.task_spec is None:
             raise ValueError(
@@ -428,10 +532,16 @@ def make_sequences(
         tok = tokenizer
         if tok is None:
             raise ValueError("texts need a tokenizer: pass tokenizer= or a model that has one")
-        enc = tok(list(data), padding=True, return_tensors="pt")
-        data = _as_sequences("all", enc["input_ids"], enc["attention_mask"])
+        if id_lengths is None and ood_lengths is None and not no_task:
+            enc = tok(list(data), padding=True, return_tensors="pt")
+            data = _as_sequences("all", enc["input_ids"], enc["attention_mask"])
+        else:
+            id_lengths = tuple(id_lengths or DEFAULT_ID_LENGTHS)
+            ood_lengths = tuple(ood_lengths or DEFAULT_OOD_LENGTHS)
+            bos = bos_token_id(model, tok) if model is not None else None
+            data = cut_texts(list(data), tok, [id_lengths, ood_lengths], seed=seed, bos=bos)
 
-    if isinstance(data, Sequences):
+    if isinstance(data, Sequences) and data.split != "all":
         data = {data.split: data}
     if isinstance(data, Mapping) and "tokens" not in data:
         named = {}
@@ -521,14 +631,21 @@ def _ordered(sets: dict[str, Sequences], model=None) -> Splits:
 
 
 __all__ = [
+    "DEFAULT_ID_LENGTHS",
+    "DEFAULT_OOD_LENGTHS",
     "NOT_READABLE",
+    "TOO_SHORT",
     "SOURCE_SPLIT",
     "ModelInput",
     "Sequences",
     "Splits",
     "as_model",
+    "bos_token_id",
+    "cut_texts",
     "make_sequences",
     "max_positions",
+    "random_sequences",
+    "read_texts",
     "resolve_task",
     "split_of_length",
     "task_examples",

@@ -7,6 +7,7 @@ import torch
 from nopeinterp._tl import HookedTransformerConfig
 from nopeinterp.models.alibi import alibi_slopes
 from nopeinterp.models.base import PEAttention, PETransformer
+from nopeinterp.models.hf import from_hf
 from nopeinterp.models.registry import LAYER_PES, MODEL_CLASSES
 from nopeinterp.models.rotary import check_rope_scaling, rope_frequencies, rotary_dim
 from nopeinterp.models.t5 import t5_bucket_ids
@@ -198,6 +199,7 @@ __all__ = [
     "PETransformer",
     "alibi_slopes",
     "build_model",
+    "from_hf",
     "layer_pes",
     "model_config",
     "resolve_device",

@@ -63,12 +63,18 @@ REL_MASS_COLUMNS = ["split", "layer", "head", "rel_lo", "rel_hi", "mass", "unifo
 REL_BINS = 10
 
 
-def _skew(x: torch.Tensor) -> torch.Tensor:
-    """[..., N, N] (query n, key m) -> [..., N, N] (query n, distance d = n - m); d > n -> 0."""
-    N = x.shape[-1]
-    n = torch.arange(N)[:, None]
+# Cells (batch x heads x query rows x keys) per block of query rows in DistanceStats.update:
+# its float64 temporaries are a few times this, whatever the sequence length.
+ROW_BLOCK_CELLS = 2**21
+
+
+def _skew(x: torch.Tensor, row0: int = 0) -> torch.Tensor:
+    """[..., R, N] (query rows n = row0..row0+R-1, key m) -> [..., R, N] (query n, distance
+    d = n - m); d > n -> 0."""
+    R, N = x.shape[-2:]
+    n = torch.arange(row0, row0 + R)[:, None]
     d = torch.arange(N)[None, :]
-    idx = (n - d).clamp(min=0).expand(*x.shape[:-2], N, N)
+    idx = (n - d).clamp(min=0).expand(*x.shape[:-2], R, N)
     out = torch.gather(x, -1, idx)
     return out.masked_fill(~(d <= n), 0)
 
@@ -117,16 +123,30 @@ class DistanceStats:
             valid = causal.expand(B, N, N)
         valid = valid.to(torch.bool).expand(B, N, N) & causal
         valid = valid & torch.isfinite(scores).all(1)
-        sk_valid = _skew(valid)  # [B, N, D=N]
+        self._grow(N)
+        rows = max(1, ROW_BLOCK_CELLS // max(B * H * N, 1))
+        for r0 in range(0, N, rows):  # blocks of query rows: every statistic sums over rows
+            r1 = min(N, r0 + rows)
+            self._update_rows(
+                scores[:, :, r0:r1],
+                valid[:, r0:r1],
+                r0,
+                None if pattern is None else pattern[:, :, r0:r1],
+            )
+        return self
+
+    def _update_rows(self, scores, valid, row0, pattern):
+        """update() for query rows row0..row0+R-1: scores/pattern [B, H, R, N], valid [B, R, N]."""
+        B, H, R, N = scores.shape
+        sk_valid = _skew(valid, row0)  # [B, R, D=N]
         c = sk_valid.sum(-1, keepdim=True)  # cells per row
         sk_valid = sk_valid & (c >= 2)
         c = sk_valid.sum(-1, keepdim=True).to(_DTYPE)
-        y = _skew(torch.where(valid[:, None], scores, 0).to(_DTYPE))  # [B, H, N, D]
+        y = _skew(torch.where(valid[:, None], scores, 0).to(_DTYPE), row0)  # [B, H, R, D]
         m = sk_valid[:, None].to(_DTYPE)
         y = y * m
         mean = y.sum(-1, keepdim=True) / c[:, None].clamp(min=1)
         yc = (y - mean) * m
-        self._grow(N)
         self.b[:, :N] += yc.sum((0, 2))
         self.ss_tot += (yc * yc).sum((0, 2, 3))
         ind = sk_valid.reshape(-1, N).to(_DTYPE)
@@ -137,7 +157,7 @@ class DistanceStats:
         self.n_cells += int(ind.sum())
         self.n_rows += int(used.sum())
         if pattern is not None:
-            p = _skew(pattern.to(_DTYPE)) * m
+            p = _skew(pattern.to(_DTYPE), row0) * m
             self.mass[:, :N] += p.sum((0, 2))
             # bin of d / (row's longest distance): valid keys of a row are 0..n, c = n + 1
             rel = torch.arange(N, dtype=_DTYPE) / (c - 1).clamp(min=1)  # [B, N, D]
@@ -149,7 +169,6 @@ class DistanceStats:
             self.rel_uniform += torch.zeros_like(self.rel_uniform).scatter_add_(
                 0, bins.reshape(-1), uniform.reshape(-1)
             )
-        return self
 
     def solve(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(R^2 per head [H], fitted distance profile f [H, D] with f[:, 0] = 0)."""

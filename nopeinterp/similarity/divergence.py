@@ -205,6 +205,11 @@ def check_compatible(model_a, model_b, name: str = "model_b") -> None:
         )
 
 
+# Attention patterns cached at once per batch (both models): layers are taken in groups that
+# fit, so memory is bounded by one layer's patterns for a batch, not by the number of layers.
+PATTERN_CACHE_MB = 512
+
+
 def pattern_names_filter(layers: Iterable[int]):
     """names_filter admitting only blocks.{l}.attn.hook_pattern for `layers`."""
     wanted = frozenset(f"blocks.{layer}.attn.hook_pattern" for layer in layers)
@@ -302,26 +307,35 @@ def divergence_frames(
                     valid = valid.clone()
                     valid[:, 0] = False
                 valid = valid.to(model_a.cfg.device)
-                pats_a = attention_patterns(model_a, tokens, mask, layers)
-                for name, model_b in models_b.items():
-                    pats_b = attention_patterns(model_b, tokens, mask, layers)
-                    vals = np.empty((n, len(layers)))
-                    pair_names = [[None] * len(layers) for _ in range(n)]
-                    for li, layer in enumerate(layers):
-                        mat = head_pair_divergence(
-                            pats_a[layer],
-                            pats_b[layer].to(pats_a[layer].device),
-                            valid,
-                            metric=metric,
-                        )
-                        v, h = reduce_heads(mat.cpu().numpy(), reducers[name])
-                        vals[:, li] = v
-                        for e in range(n):
-                            pair_names[e][li] = h[e]
-                    results[name]["value"].extend(vals.tolist())
-                    results[name]["heads"].extend(pair_names)
-                    del pats_b
-                del pats_a
+                vals = {name: np.empty((n, len(layers))) for name in models_b}
+                pair_names = {name: [[None] * len(layers) for _ in range(n)] for name in models_b}
+                # layers in groups whose patterns fit PATTERN_CACHE_MB (one pass per group)
+                t = tokens.shape[1]
+                per_layer = (
+                    n * t * t * 4 * max(m.cfg.n_heads for m in (model_a, *models_b.values()))
+                )
+                step = max(1, int(PATTERN_CACHE_MB * 2**20 // max(per_layer, 1)))
+                for g0 in range(0, len(layers), step):
+                    group = list(enumerate(layers))[g0 : g0 + step]
+                    pats_a = attention_patterns(model_a, tokens, mask, [ly for _, ly in group])
+                    for name, model_b in models_b.items():
+                        pats_b = attention_patterns(model_b, tokens, mask, [ly for _, ly in group])
+                        for li, layer in group:
+                            mat = head_pair_divergence(
+                                pats_a[layer],
+                                pats_b[layer].to(pats_a[layer].device),
+                                valid,
+                                metric=metric,
+                            )
+                            v, h = reduce_heads(mat.cpu().numpy(), reducers[name])
+                            vals[name][:, li] = v
+                            for e in range(n):
+                                pair_names[name][e][li] = h[e]
+                        del pats_b
+                    del pats_a
+                for name in models_b:
+                    results[name]["value"].extend(vals[name].tolist())
+                    results[name]["heads"].extend(pair_names[name])
                 meta["example"].extend(range(n_seen, n_seen + n))
                 meta["length"].extend(int(x) for x in batch.lengths)
                 meta["n_tokens"].extend(int(x) for x in n_tokens)
