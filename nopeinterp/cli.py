@@ -76,6 +76,7 @@ def cmd_sweep(args) -> int:
         workers=args.workers,
         shard=parse_shard(args.shard),
         eval_n=args.eval_n_record,
+        test=args.test,
     )
     counts = {s: list(statuses.values()).count(s) for s in dict.fromkeys(statuses.values())}
     print(", ".join(f"{n} {s}" for s, n in counts.items()) or "no runs in this shard")
@@ -99,7 +100,7 @@ def _add_train_flags(p) -> None:
     """TrainConfig flags of train and sweep; a flag not given leaves the preset's value."""
     # No import here (--help must answer at once): TrainConfig validates every value.
     S = argparse.SUPPRESS
-    p.add_argument("--preset", default=None, help="paper, reference or tiny")
+    p.add_argument("--preset", default=None, help="paper, reference, repro or tiny")
     for flag, kind in (
         ("--steps", int),
         ("--batch-size", int),
@@ -123,6 +124,7 @@ def _add_train_flags(p) -> None:
     p.add_argument("--train-lengths", type=parse_lengths, default=S, help="e.g. 2-20")
     p.add_argument("--ood-lengths", type=parse_lengths, default=S, help="e.g. 21-40")
     p.add_argument("--dtype", choices=("float32", "float16"), default=S, help="of the checkpoint")
+    p.add_argument("--val-set", default=S, help="sampled (default) or eval_set (issue 16)")
     p.add_argument("--device", default=S, help="auto, cpu, cuda or mps")
     p.add_argument("--precision", default=S, help="fp32, bf16 or fp16 (autocast)")
 
@@ -399,6 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1, help="local worker processes")
     p.add_argument("--shard", default="0/1", help="i/n: this process's share of the grid")
     p.add_argument("--eval-n-record", type=int, default=100, help="examples per length")
+    p.add_argument(
+        "--test",
+        choices=("sampled", "eval_set", "none"),
+        default="sampled",
+        help="record's exact match: sampled (--eval-n-record per length), eval_set (the task's "
+        "test set, each item once) or none (no test decoded: a learning-rate search)",
+    )
     _add_train_flags(p)
     p.set_defaults(func=cmd_sweep)
 

@@ -226,13 +226,18 @@ def split_of_length(task, length: int) -> str:
     return "ID" if lo <= length <= hi else "OOD"
 
 
-def task_examples(task, length: int, n: int, *, seed: int = 0):
+def task_examples(task, length: int, n: int | None, *, seed: int = 0):
     """(split, examples): `n` examples of one length from the pool its split is drawn from.
 
+    `n=None`: the task's evaluation set at that length instead (`task.eval_set`, each item
+    once, the task's default size: the reproduction protocol's test and validation sets).
     Returns (split, None) when the task has no such held-out example (e.g. SCAN length 1).
     """
     split = split_of_length(task, length)
     try:
+        if n is None:
+            examples = task.eval_set(SOURCE_SPLIT[split], lengths=[length], seed=seed)
+            return split, examples or None
         return split, task.generate(n, lengths=length, seed=seed, split=SOURCE_SPLIT[split])
     except ValueError:
         return split, None

@@ -158,7 +158,7 @@ def evaluate(
     data=None,
     *,
     lengths=None,
-    n: int = 200,
+    n: int | None = 200,
     batch_size: int = 64,
     seed: int = 0,
     use_cache: bool = True,
@@ -175,8 +175,10 @@ def evaluate(
     accuracy, evaluable. A model asked for sequences past its position table gets
     evaluable=False and accuracy NaN for those lengths (it cannot read them). Lengths with no
     held-out example (SCAN length 1) are listed in meta["lengths_without_examples"].
+    `n=None`: each length's items of the task's evaluation set instead (`Task.eval_set`: every
+    item once, the task's default size; SCAN's OOD lengths: the whole pool).
     """
-    if n < 1:
+    if n is not None and n < 1:
         raise ValueError(f"n (examples per length) must be >= 1, got {n}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

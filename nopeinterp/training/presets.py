@@ -1,4 +1,4 @@
-"""Named training set-ups: `--preset paper|reference|tiny`. Each is defined here once.
+"""Named training set-ups: `--preset paper|reference|repro|tiny`. Each is defined here once.
 
 A preset is a set of `TrainConfig` values; explicit arguments override it
 (`make_config(task, pe, out, preset="paper", steps=100)`).
@@ -11,6 +11,11 @@ A preset is a set of `TrainConfig` values; explicit arguments override it
 - reference: what the shipped checkpoints/ were trained with (checkpoints/README.md):
   4 layers, 4 heads, d_model 128, AdamW lr 2e-3, batch 32, 1,500 steps (2,500 on SCAN),
   validation and training state every 250 steps, saved in float16.
+- repro: the reproduction grid's protocol (analyses/PROTOCOL.md, issue 16): 4 layers, 8 heads,
+  d_model 128, d_mlp 512, unscaled logits, dropout 0.1, AdamW weight decay 0.05, 6% warmup then
+  linear decay, 1,500 steps x 64, validation every 150 steps on `task.eval_set("val")` (25 per
+  ID length). Its learning rate (1e-3 here) is a placeholder: the protocol's search picks one
+  of 3e-4, 1e-3, 3e-3 and every run passes it explicitly (analyses/reproduction.py).
 - tiny: a model that trains in seconds on a CPU, for tests and smoke runs.
 """
 
@@ -71,6 +76,26 @@ PRESETS: dict[str, Preset] = {
                 dtype="float16",
             ),
             steps_by_task={"scan": 2500, "copy": 1500},
+        ),
+        Preset(
+            "repro",
+            dict(
+                n_layers=4,
+                n_heads=8,
+                d_model=128,
+                d_mlp=512,
+                attn_scale=False,
+                dropout=0.1,
+                lr=1e-3,
+                weight_decay=0.05,
+                warmup=0.06,
+                steps=1500,
+                batch_size=64,
+                eval_every=150,
+                eval_n=25,
+                val_set="eval_set",
+                checkpoint_every=150,
+            ),
         ),
         Preset(
             "tiny",

@@ -26,7 +26,7 @@ from nopeinterp.errors import NopeinterpError
 RECORD = "record.json"
 CHECKPOINT = "model.pt"
 # Record fields that differ between two runs of the same spec (timing, machine).
-NONDETERMINISTIC = ("wall_time_s", "throughput", "versions", "finished_at")
+NONDETERMINISTIC = ("wall_time_s", "run_wall_s", "throughput", "versions", "finished_at")
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,13 @@ class SweepPlan:
     preset: str | None = None
     overrides: dict = field(default_factory=dict)  # TrainConfig values for every run
     eval_n: int = 100  # examples per length in the record's exact match
+    # the record's exact match: "sampled" (eval_n per ID and OOD length, `evaluate`),
+    # "eval_set" (the task's test set, every item once: issue 16's protocol) or "none"
+    # (no test decoded: a learning-rate search; a later sweep with "eval_set" adds it)
+    test: str = "sampled"
+
+
+TESTS = ("sampled", "eval_set", "none")
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -138,7 +145,6 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
     import torch
 
     from nopeinterp._io import versions
-    from nopeinterp.evaluation import evaluate
     from nopeinterp.training.trainer import RUN_ONLY, RunLockedError, make_config, train
 
     if threads:
@@ -146,6 +152,8 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
     folder = plan.out / run_name(spec)
     record_path, ckpt = folder / RECORD, folder / CHECKPOINT
     if record_path.exists():
+        if plan.test == "eval_set" and _add_test(record_path, ckpt):
+            return "tested"
         return "skipped"
     state = ckpt.with_name(ckpt.name + ".state.pt")
     options = {**plan.overrides.get("task_options", {}), **spec.options}
@@ -162,32 +170,81 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
         return "interrupted"
     from nopeinterp.checkpoint import load_checkpoint
 
-    checkpoint = load_checkpoint(ckpt)
-    table = evaluate(checkpoint, n=plan.eval_n, progress=False).table
-    meta = checkpoint.meta
+    meta = load_checkpoint(ckpt).meta
     record = {
         "run": folder.name,
         "task": spec.task,
         "task_options": spec.options,
+        "split": spec.options.get("variant", spec.task),
         "pe": spec.pe,
         "seed": spec.seed,
         "preset": plan.preset,
         "config": {k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY},
+        "lr": cfg.lr,
+        "steps": cfg.steps,
         "best_step": meta.get("step"),
         "val_accuracy": meta.get("val_accuracy"),
-        "eval_n": plan.eval_n,
-        "accuracy": [
-            {k: _json_value(row[k]) for k in ("length", "split", "n", "correct", "accuracy")}
-            | {"evaluable": bool(row["evaluable"])}
-            for row in table.to_dict("records")
-        ],
+        "val_items": meta.get("val_items"),
+        "test": plan.test,
+        "eval_n": plan.eval_n if plan.test == "sampled" else None,
+        "accuracy": [],
+        "ood_accuracy": None,
+        "test_items": None,
         "wall_time_s": meta.get("wall_time_s", round(time.time() - t0, 1)),
+        "run_wall_s": round(time.time() - t0, 1),  # this call: training (+ resume) to the end
         "throughput": meta.get("throughput"),
         "versions": versions(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    if plan.test != "none":
+        n = plan.eval_n if plan.test == "sampled" else None
+        record.update(_test_fields(ckpt, n, spec.task, options))
     _write_json(record_path, record)
     return "finished"
+
+
+def _test_fields(ckpt: Path, n: int | None, task: str, options: dict) -> dict:
+    """The record's exact match of the checkpoint: per length (`accuracy`) and over all OOD
+    items (`ood_accuracy`, correct / items, and `test_items`). `n=None`: the task's test set
+    (`Task.eval_set("test")`) only; an int: `n` sampled examples per ID and OOD length."""
+    from nopeinterp.checkpoint import load_checkpoint
+    from nopeinterp.evaluation import evaluate
+
+    checkpoint = load_checkpoint(ckpt)
+    lengths = None
+    if n is None:  # the test set only: OOD lengths
+        from nopeinterp.data import task_lengths
+        from nopeinterp.tasks import get_task
+
+        t = get_task(task, **options)
+        lengths = [x for x in task_lengths(t) if x >= t.ood_lengths[0]]
+    table = evaluate(checkpoint, n=n, lengths=lengths, progress=False).table
+    rows = [
+        {k: _json_value(row[k]) for k in ("length", "split", "n", "correct", "accuracy")}
+        | {"evaluable": bool(row["evaluable"])}
+        for row in table.to_dict("records")
+    ]
+    ood = [r for r in rows if r["split"] == "OOD"]
+    items = sum(r["n"] for r in ood)
+    return {
+        "accuracy": rows,
+        "ood_accuracy": sum(r["correct"] for r in ood) / items if items else None,
+        "test_items": items,
+    }
+
+
+def _add_test(record_path: Path, ckpt: Path) -> bool:
+    """Add the test set's exact match to a record written without it ("none"); False when it
+    has one already."""
+    record = json.loads(record_path.read_text())
+    if record.get("test") != "none":
+        return False
+    if not ckpt.exists():
+        raise NopeinterpError(f"{record_path}: no test set decoded and no checkpoint {ckpt}")
+    fields = _test_fields(ckpt, None, record["task"], record["config"]["task_options"])
+    record.update(fields, test="eval_set", eval_n=None)
+    _write_json(record_path, record)
+    return True
 
 
 def _json_value(v):
@@ -209,6 +266,7 @@ def run_sweep(
     workers: int = 1,
     shard: tuple[int, int] = (0, 1),
     eval_n: int = 100,
+    test: str = "sampled",
     log=print,
 ) -> dict[str, str]:
     """Run this shard of the grid with `workers` processes; {run name: status}.
@@ -220,6 +278,8 @@ def run_sweep(
 
     if workers < 1 or eval_n < 1:
         raise NopeinterpError(f"workers={workers}, eval_n={eval_n}: both must be >= 1")
+    if test not in TESTS:
+        raise NopeinterpError(f"test={test!r}: must be one of {', '.join(TESTS)}")
     runs = grid(tasks, pes, seeds)
     i, n = shard
     runs = runs[i::n]
@@ -234,7 +294,7 @@ def run_sweep(
             preset=preset,
             **{**overrides, "task_options": opts, "seed": spec.seed},
         )
-    plan = SweepPlan(Path(out), runs, preset, overrides, eval_n)
+    plan = SweepPlan(Path(out), runs, preset, overrides, eval_n, test)
     plan.out.mkdir(parents=True, exist_ok=True)
     statuses: dict[str, str] = {}
     if workers <= 1:

@@ -71,6 +71,10 @@ class TrainConfig:
     task_options: dict = field(default_factory=dict)  # e.g. {"id_lengths": [2, 10]}
     eval_every: int = 250
     eval_n: int = 100
+    # validation items: "sampled" = `task.generate(eval_n, split="val")` (drawn with
+    # replacement; what the shipped checkpoints used), "eval_set" = `task.eval_set("val",
+    # n_per_length=eval_n)` (each held-out item at most once, eval_n per ID length: issue 16)
+    val_set: str = "sampled"
     checkpoint_every: int = 250
     dtype: str = "float32"  # of the saved best checkpoint: float32 or float16
     precision: str = "fp32"  # of the computation: fp32, bf16 or fp16 (autocast)
@@ -111,6 +115,7 @@ class TrainConfig:
             ("warmup", 0 <= self.warmup < 1, "a fraction of steps in [0, 1)"),
             ("grad_clip", self.grad_clip > 0, "> 0"),
             ("dropout", 0 <= self.dropout < 1, "in [0, 1)"),
+            ("val_set", self.val_set in VAL_SETS, " or ".join(VAL_SETS)),
             ("dtype", self.dtype in ("float32", "float16"), "float32 or float16"),
             ("precision", self.precision in PRECISIONS, " or ".join(PRECISIONS)),
             ("device", self.device in DEVICES, " or ".join(DEVICES)),
@@ -141,6 +146,16 @@ def make_config(task: str, pe: str, out, *, preset: str | None = None, **overrid
     """TrainConfig from a preset's values (for this task) with `overrides` on top."""
     values = {**preset_values(preset, task), **overrides}
     return TrainConfig(task=task, pe=pe, out=str(out), preset=preset, **values)
+
+
+VAL_SETS = ("sampled", "eval_set")
+
+
+def validation_examples(task, cfg: TrainConfig) -> list:
+    """The items validation scores (see `TrainConfig.val_set`)."""
+    if cfg.val_set == "eval_set":
+        return task.eval_set("val", n_per_length=cfg.eval_n)
+    return task.generate(cfg.eval_n, seed=cfg.seed, split="val")
 
 
 def lr_factor(step: int, total: int, warmup_steps: int) -> float:
@@ -290,7 +305,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
         raise NopeinterpError(f"{out} exists and has no training state: that run already finished")
     task = get_task(cfg.task, **cfg.task_options)
     tokenizer = task_tokenizer(task)
-    val_examples = task.generate(cfg.eval_n, seed=cfg.seed, split="val")
+    val_examples = validation_examples(task, cfg)
     # n_ctx: the longest ID sequence, what a learned APE table must cover (only APE uses it).
     # Measured on many samples at the longest ID length plus the validation set itself.
     longest = task.generate(1000, lengths=task.id_lengths[1], seed=cfg.seed, split="train")
@@ -370,6 +385,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             train_lengths=list(task.id_lengths),
             ood_lengths=list(task.ood_lengths),
             val_accuracy=val_acc,
+            val_items=len(val_examples),
             wall_time_s=round(wall, 1),
             train_config={k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY},
             throughput=dict(speed),

@@ -1,0 +1,129 @@
+"""Issue 16 phase 2: the `repro` preset, validation on `Task.eval_set("val")`, sweep records
+scored on `Task.eval_set("test")` (or no test at all during the LR search), and the driver."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from nopeinterp import load_checkpoint
+from nopeinterp.errors import NopeinterpError
+from nopeinterp.evaluation import evaluate
+from nopeinterp.tasks import PAPER_SPLITS, get_task
+from nopeinterp.training import make_config
+from nopeinterp.training.sweep import RECORD, run_sweep
+from nopeinterp.training.trainer import TrainConfig, validation_examples
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("reproduction", ROOT / "analyses/reproduction.py")
+repro = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(repro)
+
+# a few steps of a tiny model on short copy lengths (cmc, the 100 paper symbols)
+SMALL = {
+    "val_set": "eval_set",
+    "eval_n": 2,
+    "steps": 4,
+    "eval_every": 2,
+    "task_options": {"id_lengths": [2, 4], "ood_lengths": [5, 6]},
+}
+
+
+def test_repro_preset_is_the_protocols_table(tmp_path):
+    cfg = make_config("copy", "nope", tmp_path / "m.pt", preset="repro", lr=3e-4)
+    expected = dict(
+        n_layers=4, n_heads=8, d_model=128, d_mlp=512, attn_scale=False, dropout=0.1,
+        weight_decay=0.05, warmup=0.06, steps=1500, batch_size=64, eval_every=150, eval_n=25,
+        val_set="eval_set", lr=3e-4,
+    )  # fmt: skip
+    assert {k: getattr(cfg, k) for k in expected} == expected
+    # the reference preset (the shipped checkpoints) keeps the old sampled validation
+    ref = make_config("copy", "nope", tmp_path / "m.pt", preset="reference")
+    assert ref.val_set == "sampled"
+    assert TrainConfig(task="copy", pe="nope", out=str(tmp_path / "m.pt")).val_set == "sampled"
+
+
+def test_bad_val_set_is_refused(tmp_path):
+    with pytest.raises(NopeinterpError, match="val_set"):
+        TrainConfig(task="copy", pe="nope", out=str(tmp_path / "m.pt"), val_set="all")
+
+
+def test_validation_examples_follow_val_set(tmp_path):
+    task = get_task("copy", variant="rsc")
+    cfg = make_config("copy", "nope", tmp_path / "m.pt", preset="repro")
+    items = validation_examples(task, cfg)
+    assert items == task.eval_set("val", n_per_length=25)
+    keys = [(e.prompt, e.target) for e in items]
+    assert len(keys) == len(set(keys))  # each held-out item once
+    assert all(task.held_out(e) for e in items)
+    old = validation_examples(task, make_config("copy", "nope", tmp_path / "m.pt", eval_n=30))
+    assert len(old) == 30  # the sampled path: eval_n draws
+
+
+def test_evaluate_n_none_scores_each_test_item_once():
+    from nopeinterp.data import task_examples
+
+    task = get_task("copy", variant="rsc2x", id_lengths=(2, 4), ood_lengths=(5, 6))
+    split, items = task_examples(task, 5, None)
+    assert split == "OOD"
+    assert items == task.eval_set("test", lengths=[5])
+    assert len(items) == len({e.prompt for e in items}) == 100  # one per symbol
+
+
+def test_sweep_search_then_grid_adds_the_test_set(tmp_path):
+    grid = dict(tasks=["copy:variant=cmc"], pes=["nope"], seeds=[0], out=tmp_path)
+    assert run_sweep(**grid, preset="tiny", overrides=SMALL, test="none") == {
+        "copy.variant=cmc-nope-seed0": "finished"
+    }
+    path = tmp_path / "copy.variant=cmc-nope-seed0" / RECORD
+    record = json.loads(path.read_text())
+    assert record["test"] == "none" and record["ood_accuracy"] is None
+    assert record["accuracy"] == [] and record["test_items"] is None
+    assert record["split"] == "cmc" and record["steps"] == 4 and record["lr"] == 3e-3
+    task = get_task("copy", variant="cmc", id_lengths=(2, 4), ood_lengths=(5, 6))
+    assert record["val_items"] == len(task.eval_set("val", n_per_length=2)) == 6
+    assert 0 <= record["val_accuracy"] <= 1 and record["best_step"] in (2, 4)
+
+    assert run_sweep(**grid, preset="tiny", overrides=SMALL, test="eval_set") == {
+        "copy.variant=cmc-nope-seed0": "tested"
+    }
+    record = json.loads(path.read_text())
+    test = task.eval_set("test")
+    assert record["test"] == "eval_set" and record["test_items"] == len(test) == 200
+    # the same numbers as evaluate on the task's eval set, computed independently here
+    table = evaluate(load_checkpoint(path.with_name("model.pt")), task, n=None, lengths=[5, 6])
+    assert [r["correct"] for r in record["accuracy"]] == table.table["correct"].tolist()
+    assert record["ood_accuracy"] == table.table["correct"].sum() / 200
+    # a third call changes nothing
+    assert run_sweep(**grid, preset="tiny", overrides=SMALL, test="eval_set") == {
+        "copy.variant=cmc-nope-seed0": "skipped"
+    }
+
+
+def test_driver_specs_and_lr_choice():
+    assert repro.task_spec("rsc") == "copy:variant=rsc"
+    assert repro.task_spec("len") == "scan:variant=len"
+    for name in PAPER_SPLITS:  # each spec builds the split's task
+        from nopeinterp.training.sweep import parse_task_spec
+
+        task, options = parse_task_spec(repro.task_spec(name))
+        assert get_task(task, **options).name == PAPER_SPLITS[name].task().name
+
+    def runs(means):
+        rows = [
+            {"lr": lr, "split": s, "pe": pe, "seed": 0, "val_accuracy": m}
+            for lr, m in means.items()
+            for s in repro.SEARCH_SPLITS
+            for pe in repro.FIVE_PES
+        ]
+        return pd.DataFrame(rows)
+
+    # the highest mean wins unless a smaller rate is within 0.01 of it
+    assert repro.search_summary(runs({3e-4: 0.5, 1e-3: 0.9, 3e-3: 0.8}))[1] == 1e-3
+    assert repro.search_summary(runs({3e-4: 0.905, 1e-3: 0.9, 3e-3: 0.91}))[1] == 3e-4
+    assert repro.search_summary(runs({3e-4: 0.85, 1e-3: 0.9, 3e-3: 0.91}))[1] == 1e-3
+    assert repro.search_summary(runs({3e-4: 0.5, 1e-3: 0.85, 3e-3: 0.9}))[1] == 3e-3
+    partial = runs({3e-4: 0.5, 1e-3: 0.9, 3e-3: 0.8}).iloc[:-1]
+    assert repro.search_summary(partial)[1] is None  # 29 of 30 runs: no choice
