@@ -225,7 +225,23 @@ def explorer_examples(checkpoint, limit: int | None, *, per_split: int = 3, seed
     return examples, names
 
 
-def run_main_job(
+def run_main_job(*args, **kwargs) -> Path:
+    """Run every analysis and write `<out>/index.html` (returned); see `_run_main_job`.
+
+    Runs with one torch thread: the shipped models are tiny, and on a 2-core machine a second
+    thread only contends (the main job took 40 min at the default thread count beside other
+    jobs, under 2 min with one thread beside the test suite)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run_main_job(*args, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_main_job(
     checkpoints="checkpoints",
     out="reports/main",
     *,
