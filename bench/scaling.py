@@ -17,9 +17,11 @@ from the issue.
     python -m bench.scaling [--quick] [--threads N]
     python -m bench.scaling --outside [--lengths 512,1024,2048]
 
---outside (issue 14): peak RSS (ru_maxrss of a fresh process, minus the same process's RSS
-after loading the model) of the CLI's `probe-distance --n-eval 1` and `compare-attention --n 1`
-on a random 2-layer SmolLM3 with 16 heads (d_model 256), one random-token sequence per length.
+--outside (issue 14): peak RSS growth of the CLI's `probe-distance --n-eval 1` and
+`compare-attention --n 1` on a random 2-layer SmolLM3 with 16 heads (d_model 256), one
+random-token sequence per split (ID T, OOD T + 1), in a fresh process: the same command first
+runs at 8 tokens (imports, lazy initialisation), then the peak (VmHWM, reset) of the real run
+minus the RSS before it.
 Target: growth between lengths no worse than one layer's attention for one example
 (16 x T^2 float32).
 """
@@ -186,13 +188,15 @@ def run(quick: bool = False, isolated: bool | None = None) -> list[dict]:
 
 OUTSIDE_HEADS = 16
 _OUTSIDE_CHILD = """
-import resource, sys
-import nopeinterp
+import json, sys
+from bench.scaling import _peak, _reset_peak, _rss
 from nopeinterp.cli import main
-nopeinterp.from_hf(sys.argv[1])  # load once to measure the baseline
-base = int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])
-code = main(sys.argv[2:])
-print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, code)
+warm, argv = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert main(warm) == 0  # the same command at a few tokens: imports, lazy init, plot code
+base = _rss()
+reset = _reset_peak()
+code = main(argv)
+print(base // 1024, _peak() // 1024, code, int(reset))
 """
 
 
@@ -216,22 +220,55 @@ def outside_rss(lengths=(512, 1024, 2048)) -> list[dict]:
         torch.manual_seed(0)
         tf.SmolLM3ForCausalLM(cfg).save_pretrained(tmp)
         for T in lengths:
-            lens = ["--id-lengths", f"{T}", "--ood-lengths", f"{T + 1}"]
             for kind, argv in (
-                ("probe-distance", ["probe-distance", "--hf", tmp, "--n-eval", "1", *lens]),
+                ("probe-distance", ["probe-distance", "--hf", tmp, "--n-eval", "1"]),
                 ("compare-attention",
-                 ["compare-attention", "--nope-hf", tmp, "--ref-hf", tmp, "--n", "1", *lens]),
+                 ["compare-attention", "--nope-hf", tmp, "--ref-hf", tmp, "--n", "1"]),
             ):  # fmt: skip
+                out_dir = ["--out", str(Path(tmp) / f"out-{kind}-{T}")]
+                warm = ["-q", *argv, "--id-lengths", "8", "--ood-lengths", "9", *out_dir]
+                real = ["-q", *argv, "--id-lengths", f"{T}", "--ood-lengths", f"{T + 1}", *out_dir]
                 t0 = time.perf_counter()
-                res = subprocess.run([sys.executable, "-c", _OUTSIDE_CHILD, tmp, *argv], env=env,
-                                     cwd=root, capture_output=True, text=True)  # fmt: skip
+                res = subprocess.run([sys.executable, "-c", _OUTSIDE_CHILD, json.dumps(warm),
+                                      json.dumps(real)], env=env, cwd=root, capture_output=True,
+                                     text=True)  # fmt: skip
                 if res.returncode != 0:
                     raise RuntimeError(res.stderr[-2000:])
-                base, peak, code = (int(x) for x in res.stdout.strip().splitlines()[-1].split())
+                base, peak, code, reset = (
+                    int(x) for x in res.stdout.strip().splitlines()[-1].split()
+                )
+                if not reset:
+                    raise RuntimeError("cannot reset the peak RSS (/proc/self/clear_refs)")
                 one_layer = OUTSIDE_HEADS * T * T * 4 / 1024  # KiB
                 out.append(dict(kind=kind, length=T, peak_kib=peak, growth_kib=peak - base,
                                 one_layer_attention_kib=one_layer,
                                 seconds=time.perf_counter() - t0))  # fmt: skip
+    return out
+
+
+def outside_summary(records: list[dict]) -> list[dict]:
+    """Per kind and pair of consecutive lengths: how much the peak RSS grew against how much
+    one layer's attention for one example grew (the issue's target: ratio <= 1)."""
+    out = []
+    for kind in dict.fromkeys(r["kind"] for r in records):
+        rs = sorted((r for r in records if r["kind"] == kind), key=lambda r: r["length"])
+        for a, b in zip(rs, rs[1:], strict=False):
+            grew = (b["growth_kib"] - a["growth_kib"]) / 1024
+            layer = (b["one_layer_attention_kib"] - a["one_layer_attention_kib"]) / 1024
+            out.append(
+                row(
+                    f"{kind} peak RSS growth, T {a['length']} -> {b['length']}",
+                    grew,
+                    layer,
+                    grew / layer,
+                    target="<= 1 (one layer's attention, one example)",
+                    met=grew <= layer,
+                    unit="MiB",
+                    note=f"peak at T={b['length']} over the RSS after a warm-up run: "
+                    f"{b['growth_kib'] / 1024:.0f} MiB; one layer's attention "
+                    f"{b['one_layer_attention_kib'] / 1024:.0f} MiB",
+                )
+            )
     return out
 
 
@@ -244,9 +281,11 @@ def main() -> None:
     parser.add_argument("--lengths", default="512,1024,2048")
     args = parser.parse_args()
     if args.outside:
+        print(machine_line())
         rows = outside_rss(tuple(int(x) for x in args.lengths.split(",")))
         for r in rows:
             print(json.dumps(r))
+        print_rows("outside model peak RSS", outside_summary(rows))
         return
     if args.threads:
         torch.set_num_threads(args.threads)

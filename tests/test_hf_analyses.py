@@ -173,7 +173,9 @@ def test_distance_stats_by_row_blocks_equal_the_whole(monkeypatch):
     valid[1, 6:] = False
     valid[1, :, 6:] = False
     whole = dist.DistanceStats(3).update(scores, valid, pattern)
-    monkeypatch.setattr(dist, "ROW_BLOCK_CELLS", 2 * 3 * 9 * 2)  # 2 query rows per block
+    import nopeinterp.probing._stream as stream
+
+    monkeypatch.setattr(stream, "ROW_BLOCK_CELLS", 2 * 3 * 9 * 2)  # 2 query rows per block
     blocks = dist.DistanceStats(3).update(scores, valid, pattern)
     for name in ("count", "gram", "b", "mass", "rel_mass", "rel_uniform", "ss_tot"):
         torch.testing.assert_close(
@@ -191,8 +193,13 @@ def test_attention_divergence_layer_by_layer_equals_all_at_once(monkeypatch):
     whole = div.attention_divergence(a, b, toks, progress=False)
     monkeypatch.setattr(div, "PATTERN_CACHE_MB", 1e-9)  # one layer per pass
     calls = []
-    real = div.attention_patterns
-    monkeypatch.setattr(div, "attention_patterns", lambda *x: calls.append(x[3]) or real(*x))
+
+    class Counting(div.AttentionRows):
+        def __init__(self, *args, **kwargs):
+            calls.append(args[3])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(div, "AttentionRows", Counting)
     layered = div.attention_divergence(a, b, toks, progress=False)
     assert calls and all(len(ls) == 1 for ls in calls)
     assert len(calls) == 2 * 4 * len(list(toks.batches(32)))  # 2 models x 4 layers x batches

@@ -263,3 +263,27 @@ def test_rope_scaling_errors(tiny):
         set_rope_scaling(tiny("nope"), {"rope_type": "linear", "factor": 2.0})
     with pytest.raises(ValueError, match="takes no"):
         set_rope_scaling(tiny("rotary"), {"rope_type": "linear", "factor": 2.0, "beta_fast": 3})
+
+
+# --- left padding ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "pe", ["nope", "t5", "alibi", "rotary", "ape", "sinusoidal", "fire", "kerple"]
+)
+def test_left_padding_gives_each_sequence_its_unpadded_logits(tiny, pe):
+    """Batched decoding left-pads prompts: a padded sequence must get the logits it gets alone
+    (FIRE's bias reads the query's position, so it must count from the first real token)."""
+    # FIRE: a threshold below the positions, else max(L, i) hides the query position
+    model = tiny(pe, **({"fire_threshold": 2.0} if pe == "fire" else {})).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # a non-trivial FIRE MLP and biases
+            p.add_(0.05 * torch.randn_like(p))
+    seq = tokens(2, 9, seed=3)
+    pad = 4
+    batch = seq.clone()
+    batch[1, :pad] = 0
+    mask = torch.ones_like(batch)
+    mask[1, :pad] = 0
+    with torch.no_grad():
+        padded = model(batch, attention_mask=mask)
+        alone = model(seq[1:, pad:])
+    torch.testing.assert_close(padded[1, pad:], alone[0], atol=1e-5, rtol=1e-5)

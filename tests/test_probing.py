@@ -141,6 +141,27 @@ def test_distance_r2_matches_dense_dummy_regression():
     np.testing.assert_allclose(ours, _dense_oracle(scores.numpy(), valid.numpy()), atol=1e-10)
 
 
+@pytest.mark.parametrize("connected", [True, False])
+def test_distance_fit_by_cholesky_or_eigh_matches_the_dense_regression(connected, monkeypatch):
+    """Connected distances (every row holds d = 0): the in-place Cholesky solve, eigh never
+    runs; distances split into groups no row links: the eigendecomposition fallback."""
+    g = torch.Generator().manual_seed(7)
+    N, H = 10, 2
+    scores = torch.randn(H, N, N, generator=g, dtype=torch.float64)
+    d = torch.arange(N)[:, None] - torch.arange(N)[None]
+    valid = d >= 0
+    if not connected:  # rows 3-5 hold distances 1-2 only, rows 6-9 distances 5-6 only
+        valid = torch.zeros(N, N, dtype=torch.bool)
+        valid[3:6] = (d[3:6] >= 1) & (d[3:6] <= 2)
+        valid[6:] = (d[6:] >= 5) & (d[6:] <= 6)
+    calls = []
+    real_eigh = torch.linalg.eigh
+    monkeypatch.setattr(torch.linalg, "eigh", lambda *a, **k: calls.append(1) or real_eigh(*a, **k))
+    ours = distance_r2(scores, valid).numpy()
+    assert bool(calls) == (not connected)
+    np.testing.assert_allclose(ours, _dense_oracle(scores.numpy(), valid.numpy()), atol=1e-10)
+
+
 def test_distance_r2_toeplitz_plus_row_offsets_is_one():
     g = torch.Generator().manual_seed(6)
     B, H, N = 4, 3, 17

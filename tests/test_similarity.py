@@ -273,7 +273,8 @@ def test_results_do_not_depend_on_batch_size(model, other):
     assert it["example"].unique().tolist() == list(range(5))
 
 
-def test_only_attention_patterns_are_cached(model, other, tokens, monkeypatch):
+def test_only_the_layers_q_and_k_are_cached(model, other, tokens, monkeypatch):
+    """Our layers give their pattern by blocks of rows from q and k: nothing T x T is cached."""
     calls = []
     original = type(model).run_with_cache
 
@@ -286,7 +287,7 @@ def test_only_attention_patterns_are_cached(model, other, tokens, monkeypatch):
     assert len(calls) == 2  # one pass per model per batch
     for kwargs in calls:
         admitted = [n for n in model.hook_dict if kwargs["names_filter"](n)]
-        assert admitted == ["blocks.0.attn.hook_pattern"]
+        assert sorted(admitted) == sorted(f"blocks.0.attn.{h}" for h in ("hook_q", "hook_k"))
         assert kwargs["stop_at_layer"] == 1
 
 

@@ -54,7 +54,13 @@ class PositionBias(nn.Module):
     """Base for additive attention biases: forward(q_len, k_len) -> [1, head, q_len, k_len].
 
     Positions are counted from the first column (as relative distances are); queries are the
-    last q_len of the k_len keys (a KV cache)."""
+    last q_len of the k_len keys (a KV cache). A bias that depends on the query's absolute
+    position sets `reads_query_positions` and takes forward(q_len, k_len, query_positions):
+    [batch, q_len] positions from each sequence's first real token under left padding
+    (-> [batch, head, q_len, k_len]), or None.
+    """
+
+    reads_query_positions = False
 
     def forward(self, q_len: int, k_len: int) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -126,15 +132,27 @@ class PEAttention(Attention):
             return None
         # A bias module shared by several layers is computed once per model forward
         # (PETransformer.forward opens and closes its memo).
+        # Within one forward every layer sees the same attention mask.
         memo = getattr(bias_fn, "memo", None)
         key = (q_len, k_len, torch.is_grad_enabled())
         if memo is not None and key in memo:
             bias = memo[key]
         else:
-            bias = bias_fn(q_len, k_len)
+            if getattr(bias_fn, "reads_query_positions", False):
+                bias = bias_fn(q_len, k_len, self.left_padded_positions(q_len, k_len))
+            else:
+                bias = bias_fn(q_len, k_len)
             if memo is not None:
                 memo[key] = bias
         return self.hook_position_bias(bias)
+
+    def left_padded_positions(self, q_len, k_len):
+        """[batch, q_len] positions of the queries counted from each sequence's first real
+        token when the attention mask left-pads, else None (positions = column indices)."""
+        mask = self._query_positions
+        if mask is None or bool(mask[:, 0].all()):
+            return None
+        return get_offset_position_ids(k_len - q_len, mask).to(self.W_Q.device)
 
     def query_scale(self, q_len, k_len, attention_mask):
         """[batch or 1, head, q_len, 1] factor on the logits, or None."""
@@ -158,6 +176,56 @@ class PEAttention(Attention):
             scores = scores + bias.to(scores.dtype)
         return scores
 
+    def masked_scores(self, q, k, offset, attention_mask):
+        """Logits [batch, head, q_len, k_len] with the PE terms and the causal and padding
+        masks, for queries at offset..offset+q_len-1 (what `hook_attn_scores` sees)."""
+        return self.apply_causal_mask(self.calculate_attention_scores(q, k), offset, attention_mask)
+
+    @staticmethod
+    def softmax_pattern(scores, empty_rows: bool):
+        pattern = F.softmax(scores, dim=-1)
+        if empty_rows:  # a row with no visible key (left padding): 0, as TL gives
+            pattern = torch.where(torch.isnan(pattern), torch.zeros_like(pattern), pattern)
+        return pattern
+
+    @property
+    def qk_hook_names(self) -> tuple[str, str]:
+        """This layer's hook points carrying the q and k its scores are computed from."""
+        return ("hook_rot_q", "hook_rot_k") if self.rotary else ("hook_q", "hook_k")
+
+    def attention_rows(self, q, k, start: int, stop: int, attention_mask=None):
+        """(scores, pattern) [batch, head, stop - start, stop] of query rows start..stop-1
+        over keys 0..stop-1, from this layer's cached q and k ([batch, pos, head, d_head] at
+        `qk_hook_names`) and the model's attention_mask.
+
+        The explicit path's own computation, run on a block of rows as a KV-cache step runs
+        it: keys after the last row are causally masked for every row of the block, so they
+        are left out. An analysis can then walk a long sequence block by block, in memory
+        batch x head x rows x stop instead of the full [batch, head, pos, pos].
+        """
+        mask = None if attention_mask is None else attention_mask[:, :stop].to(q.device)
+        self._query_positions = mask
+        try:
+            scores = self.masked_scores(q[:, start:stop], k[:, :stop], start, mask)
+        finally:
+            self._query_positions = None
+        return scores, self.softmax_pattern(scores, self.empty_rows(mask))
+
+    def rows_supported(self) -> bool:
+        """Whether `attention_rows` gives what `forward` computes: the lean forward runs and
+        no hook (a patch, an ablation) changes the scores, pattern or position terms."""
+        return not self.tl_forward_needed(None, None) and not self.explicit_hooks_attached()
+
+    def explicit_hooks_attached(self) -> bool:
+        return any(getattr(self, n).has_hooks() for n in EXPLICIT_HOOKS if hasattr(self, n))
+
+    def empty_rows(self, attention_mask) -> bool:
+        # Key 0 is visible to every query, so only a masked key 0 (left padding) or a local
+        # window can leave a row with no visible key, whose softmax is NaN: TL zeroes those.
+        return attention_mask is not None and (
+            self.attn_type == "local" or not bool(attention_mask[:, 0].all())
+        )
+
     # --- forward -------------------------------------------------------------------------
     def tl_forward_needed(self, additive_attention_mask, position_bias) -> bool:
         cfg = self.cfg
@@ -178,9 +246,7 @@ class PEAttention(Attention):
             self.fused
             and self.attn_type == "global"
             and not (self.cfg.attn_scores_soft_cap or 0) > 0
-            and not any(
-                getattr(self, name).has_hooks() for name in EXPLICIT_HOOKS if hasattr(self, name)
-            )
+            and not self.explicit_hooks_attached()
         )
 
     def forward(
@@ -215,21 +281,12 @@ class PEAttention(Attention):
         if self.rotary:
             q = self.hook_rot_q(self.apply_rotary(q, offset, attention_mask))
             k = self.hook_rot_k(self.apply_rotary(k, 0, attention_mask))  # keys are cached
-        # Key 0 is visible to every query, so only a masked key 0 (left padding) or a local
-        # window can leave a row with no visible key, whose softmax is NaN: TL zeroes those.
-        empty_rows = attention_mask is not None and (
-            self.attn_type == "local" or not bool(attention_mask[:, 0].all())
-        )
+        empty_rows = self.empty_rows(attention_mask)
         if self.fused_ok():
             z = self.hook_z(self.fused_z(q, k, v, offset, attention_mask, empty_rows))
         else:
-            scores = self.apply_causal_mask(
-                self.calculate_attention_scores(q, k), offset, attention_mask
-            )
-            pattern = F.softmax(self.hook_attn_scores(scores), dim=-1)
-            if empty_rows:
-                pattern = torch.where(torch.isnan(pattern), torch.zeros_like(pattern), pattern)
-            pattern = self.hook_pattern(pattern)
+            scores = self.hook_attn_scores(self.masked_scores(q, k, offset, attention_mask))
+            pattern = self.hook_pattern(self.softmax_pattern(scores, empty_rows))
             if self.dropout and self.training:
                 pattern = F.dropout(pattern, self.dropout, training=True)
             z = self.calculate_z_scores(v, pattern)  # [batch, pos, head, d_head]

@@ -3,8 +3,9 @@
     bias_h(i, j) = f_h( psi(i - j) / psi(max(L, i)) ),   psi(x) = log(c x + 1),
 
 for query position i and key position j <= i; f a small MLP (1 -> hidden -> heads, ReLU),
-c > 0 and the threshold L learned (used as |c| and |L|). Position i is counted from the first
-column, as a relative bias's distances are. The bias [1, head, query, key] shows in
+c > 0 and the threshold L learned (used as |c| and |L|). Position i counts from the sequence's
+first token: under left padding from its first real token, so a padded batch gets the bias
+each sequence gets alone. The bias [1, head, query, key] shows in
 `attn.hook_position_bias`. One FIRE module is shared by the layers that use it unless
 `shared=False`.
 """
@@ -29,15 +30,20 @@ class FIREBias(PositionBias):
         self.c = nn.Parameter(torch.tensor(float(c)))
         self.threshold = nn.Parameter(torch.tensor(float(threshold)))
 
-    def forward(self, q_len: int, k_len: int) -> torch.Tensor:
+    reads_query_positions = True
+
+    def forward(self, q_len: int, k_len: int, query_positions=None) -> torch.Tensor:
         device = self.W_in.device
         distance = relative_distance(q_len, k_len, device).clamp(min=0).float()
-        query = torch.arange(k_len - q_len, k_len, device=device).float()
+        if query_positions is None:
+            query = torch.arange(k_len - q_len, k_len, device=device).float()[None]
+        else:  # left padding: a query's position counts from its sequence's first token
+            query = query_positions.to(device).float()
         c = self.c.abs()
         normaliser = torch.log(c * torch.maximum(query, self.threshold.abs()) + 1)
-        x = torch.log(c * distance + 1) / normaliser[:, None]  # [query, key]
+        x = torch.log(c * distance + 1) / normaliser[..., None]  # [batch or 1, query, key]
         hidden = F.relu(x[..., None] * self.W_in[0] + self.b_in)
-        return (hidden @ self.W_out + self.b_out).permute(2, 0, 1).unsqueeze(0)
+        return (hidden @ self.W_out + self.b_out).permute(0, 3, 1, 2)
 
 
 class FIRE(LayerPE):

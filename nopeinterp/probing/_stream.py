@@ -14,6 +14,12 @@ def block_of(hook_name: str) -> int:
     return int(hook_name.split(".")[1])
 
 
+def batches_by_length(s: Sequences, batch_size: int) -> list[torch.Tensor]:
+    """Indices of `s` in batches, longest sequences first (less padding per batch)."""
+    order = torch.argsort(s.attention_mask.sum(1), descending=True, stable=True)
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
 def stream(
     model,
     s: Sequences,
@@ -35,12 +41,10 @@ def stream(
     than by the number of layers. Sequences are batched in order of length (less padding).
     """
     lens = s.attention_mask.sum(1)
-    order = torch.argsort(lens, descending=True, stable=True)
     groups = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in hook_names.items()}
     keys = sorted(groups, key=lambda k: max(block_of(n) for n in groups[k]))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     plan = []
-    for idx in batches:
+    for idx in batches_by_length(s, batch_size):
         t = int(lens[idx].max())
         per_hook = bytes_per_item(t) * len(idx)
         k = max(1, int(max_cache_mb * 2**20 // max(per_hook, 1)))
@@ -78,4 +82,119 @@ def stream(
                     },
                 )
                 del cache
+                bar.update(1)
+
+
+# Cells (batch x heads x query rows x keys) per block of query rows: the block's scores and
+# pattern, and the analyses' temporaries on them, are a few times this, whatever the length.
+ROW_BLOCK_CELLS = 2**19
+
+
+def row_blocks(n_batch: int, n_heads: int, n_pos: int, cells: int | None = None):
+    """[(start, stop)] blocks of query rows covering 0..n_pos-1, each of at most `cells`
+    (default ROW_BLOCK_CELLS) cells, or one row."""
+    cells = ROW_BLOCK_CELLS if cells is None else cells
+    rows = max(1, cells // max(n_batch * n_heads * n_pos, 1))
+    return [(r0, min(n_pos, r0 + rows)) for r0 in range(0, n_pos, rows)]
+
+
+class AttentionRows:
+    """One batch's attention at some layers, served by blocks of query rows.
+
+    `rows(layer, start, stop)` -> (scores or None, pattern): [batch, head, stop - start, stop],
+    query rows start..stop-1 over keys 0..stop-1 (the later keys are causally masked).
+
+    Where every requested layer can compute a block of rows from its own q and k
+    (`attention_rows`, as our attention layers do), one teacher-forced pass caches only q and k
+    ([batch, pos, head, d_head] per layer) and each block is computed when asked for, so the
+    full [batch, head, pos, pos] tensors never exist: memory grows with the sequence length
+    as one block does. Otherwise (stock TransformerLens models: hook names only) the pass
+    caches ``hook_pattern`` (and ``hook_attn_scores`` with `scores=True`) of the layers and
+    blocks are slices of them.
+    """
+
+    def __init__(self, model, tokens, attention_mask, layers, *, scores: bool = False):
+        self.model, self.scores, self.layers = model, scores, list(layers)
+        self.mask = attention_mask
+        attns = {layer: self._attn(model, layer) for layer in self.layers}
+        self.by_rows = all(a is not None for a in attns.values())
+        if self.by_rows:
+            self.attns = attns
+            names = {
+                layer: tuple(f"blocks.{layer}.attn.{h}" for h in a.qk_hook_names)
+                for layer, a in attns.items()
+            }
+        else:
+            kinds = ("hook_attn_scores", "hook_pattern") if scores else ("hook_pattern",)
+            names = {layer: tuple(f"blocks.{layer}.attn.{h}" for h in kinds) for layer in layers}
+        wanted = frozenset(n for v in names.values() for n in v)
+        device = model.cfg.device
+        with torch.inference_mode():
+            _, cache = model.run_with_cache(
+                tokens.to(device),
+                attention_mask=None if attention_mask is None else attention_mask.to(device),
+                names_filter=lambda name: name in wanted,
+                stop_at_layer=max(self.layers) + 1,
+                return_cache_object=False,
+            )
+        self.cache = {layer: tuple(cache.pop(n) for n in names[layer]) for layer in self.layers}
+        del cache
+
+    @staticmethod
+    def _attn(model, layer):
+        blocks = getattr(model, "blocks", None)
+        attn = getattr(blocks[layer], "attn", None) if blocks is not None else None
+        ok = attn is not None and hasattr(attn, "attention_rows") and attn.rows_supported()
+        return attn if ok else None
+
+    @classmethod
+    def layer_bytes(cls, model, n_batch: int, n_pos: int, scores: bool = False) -> int:
+        """What one layer's cache holds (to group layers under a memory budget)."""
+        cfg = model.cfg
+        if all(cls._attn(model, layer) is not None for layer in range(cfg.n_layers)):
+            return 2 * n_batch * n_pos * cfg.n_heads * cfg.d_head * 4
+        return (2 if scores else 1) * n_batch * cfg.n_heads * n_pos * n_pos * 4
+
+    def rows(self, layer: int, start: int, stop: int):
+        if self.by_rows:
+            q, k = self.cache[layer]
+            with torch.inference_mode():
+                scores, pattern = self.attns[layer].attention_rows(q, k, start, stop, self.mask)
+            return (scores if self.scores else None), pattern
+        *scores, pattern = self.cache[layer]
+        cut = (slice(None), slice(None), slice(start, stop), slice(0, stop))
+        return (scores[0][cut] if scores else None), pattern[cut]
+
+    def release(self, layer: int) -> None:
+        self.cache.pop(layer, None)
+
+
+def attention_batches(
+    model,
+    s: Sequences,
+    layers,
+    *,
+    batch_size: int,
+    scores: bool,
+    max_cache_mb: float,
+    progress: bool,
+    desc: str,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, AttentionRows, list[int]]]:
+    """Yield (batch index [b], attention mask [b, t], AttentionRows, its layers) over `s`,
+    batch by batch (longest first) and, within a batch, in groups of layers whose caches fit
+    `max_cache_mb` (at least one layer per group)."""
+    lens = s.attention_mask.sum(1)
+    layers = sorted(layers)
+    plan = []
+    for idx in batches_by_length(s, batch_size):
+        t = int(lens[idx].max())
+        per_layer = AttentionRows.layer_bytes(model, len(idx), t, scores)
+        k = max(1, int(max_cache_mb * 2**20 // max(per_layer, 1)))
+        plan.append((idx, t, [layers[i : i + k] for i in range(0, len(layers), k)]))
+    total = sum(len(groups) for _, _, groups in plan)
+    with progress_bar(total=total, desc=desc, disable=not progress, leave=False) as bar:
+        for idx, t, groups in plan:
+            tokens, mask = s.tokens[idx, :t], s.attention_mask[idx, :t]
+            for group in groups:
+                yield idx, mask, AttentionRows(model, tokens, mask, group, scores=scores), group
                 bar.update(1)

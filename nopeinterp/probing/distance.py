@@ -53,7 +53,7 @@ import pandas as pd
 import torch
 
 from nopeinterp.data import as_model, describe, make_sequences
-from nopeinterp.probing._stream import stream
+from nopeinterp.probing._stream import attention_batches, row_blocks
 from nopeinterp.results import Result
 
 _DTYPE = torch.float64
@@ -61,11 +61,6 @@ TABLE_COLUMNS = ["split", "layer", "layer_pe", "head", "score", "n_cells", "n_ro
 MASS_COLUMNS = ["split", "layer", "head", "distance", "mass", "profile", "n_rows"]
 REL_MASS_COLUMNS = ["split", "layer", "head", "rel_lo", "rel_hi", "mass", "uniform"]
 REL_BINS = 10
-
-
-# Cells (batch x heads x query rows x keys) per block of query rows in DistanceStats.update:
-# its float64 temporaries are a few times this, whatever the sequence length.
-ROW_BLOCK_CELLS = 2**21
 
 
 def _skew(x: torch.Tensor, row0: int = 0) -> torch.Tensor:
@@ -95,6 +90,11 @@ class DistanceStats:
         self.n_cells = 0
         self.n_rows = 0
 
+    def reserve(self, D: int) -> None:
+        """Make room for distances 0..D-1 at once (growing block by block would copy the
+        D x D gram once per block)."""
+        self._grow(D)
+
     def _grow(self, D: int):
         if D <= self.D:
             return
@@ -116,18 +116,11 @@ class DistanceStats:
         Only cells with key <= query, marked valid and finite in every head are used.
         """
         B, H, N, _ = scores.shape
-        if H != self.H:
-            raise ValueError(f"expected {self.H} heads, got {H}")
-        causal = torch.ones(N, N, dtype=torch.bool).tril()
         if valid is None:
-            valid = causal.expand(B, N, N)
-        valid = valid.to(torch.bool).expand(B, N, N) & causal
-        valid = valid & torch.isfinite(scores).all(1)
-        self._grow(N)
-        rows = max(1, ROW_BLOCK_CELLS // max(B * H * N, 1))
-        for r0 in range(0, N, rows):  # blocks of query rows: every statistic sums over rows
-            r1 = min(N, r0 + rows)
-            self._update_rows(
+            valid = torch.ones(N, N, dtype=torch.bool)
+        valid = valid.to(torch.bool).expand(B, N, N)
+        for r0, r1 in row_blocks(B, H, N):  # blocks of query rows: every statistic sums over rows
+            self.update_rows(
                 scores[:, :, r0:r1],
                 valid[:, r0:r1],
                 r0,
@@ -135,9 +128,15 @@ class DistanceStats:
             )
         return self
 
-    def _update_rows(self, scores, valid, row0, pattern):
-        """update() for query rows row0..row0+R-1: scores/pattern [B, H, R, N], valid [B, R, N]."""
+    def update_rows(self, scores, valid, row0: int, pattern=None) -> DistanceStats:
+        """update() for query rows row0..row0+R-1 over keys 0..N-1 (N >= row0 + R):
+        scores/pattern [B, H, R, N], valid [B, R, N] bool. Keys after a row's query are
+        never read (causal)."""
         B, H, R, N = scores.shape
+        if H != self.H:
+            raise ValueError(f"expected {self.H} heads, got {H}")
+        valid = valid.to(torch.bool).expand(B, R, N) & torch.isfinite(scores).all(1)
+        self._grow(N)
         sk_valid = _skew(valid, row0)  # [B, R, D=N]
         c = sk_valid.sum(-1, keepdim=True)  # cells per row
         sk_valid = sk_valid & (c >= 2)
@@ -175,12 +174,9 @@ class DistanceStats:
         if self.n_rows == 0:
             nan = torch.full((self.H,), float("nan"), dtype=_DTYPE)
             return nan, torch.zeros(self.H, self.D, dtype=_DTYPE)
-        G = torch.diag(self.count) - self.gram
-        G = (G + G.T) / 2
-        lam, V = torch.linalg.eigh(G)
-        tol = max(self.D, 1) * torch.finfo(_DTYPE).eps * float(lam.abs().max().clamp(min=1e-300))
-        inv = torch.where(lam > tol, 1.0 / lam, torch.zeros_like(lam))
-        f = (V @ (inv[:, None] * (V.T @ self.b.T))).T  # [H, D]
+        f = torch.zeros(self.H, self.D, dtype=_DTYPE)
+        seen = (self.count > 0).nonzero().squeeze(1)  # distances no row holds: f = 0
+        f[:, seen] = self._solve_seen(seen)
         explained = (self.b * f).sum(-1)
         r2 = torch.where(
             self.ss_tot > 0,
@@ -188,6 +184,51 @@ class DistanceStats:
             torch.full_like(self.ss_tot, float("nan")),
         ).clamp(max=1.0)
         return r2, f - f[:, :1]
+
+    def _normal_matrix(self, seen) -> torch.Tensor:
+        # one copy (D x D float64 is 32 MiB at D = 2048); all distances seen is the usual case
+        if len(seen) == self.D:
+            G = self.gram.neg()
+        else:
+            G = self.gram.index_select(0, seen).index_select(1, seen).neg_()
+        G.diagonal().add_(self.count[seen])
+        return G
+
+    def _solve_seen(self, seen) -> torch.Tensor:
+        """Minimum-norm f [H, len(seen)] of G f = b on the distances rows hold.
+
+        G is singular along the constant vector (b is orthogonal to it), so G + a 11^T is
+        positive definite when the distances are connected through shared rows (every row
+        holds its query's own distance 0) and its solution is the minimum-norm one: a
+        Cholesky factorisation, in place. Otherwise (a caller's mask leaving distances
+        disconnected): the eigendecomposition with a cut-off, which needs about 3x the
+        memory of G.
+        """
+        b = self.b[:, seen].T
+        # G is symmetric: its transposed view is the column-major layout LAPACK factors in
+        # place (a row-major `out=` would cost another D x D temporary)
+        G = self._normal_matrix(seen).mT
+        G.add_(float(G.diagonal().mean()) / max(len(seen), 1))
+        info = torch.empty((), dtype=torch.int32)
+        L, info = torch.linalg.cholesky_ex(G, out=(G, info))
+        if int(info) == 0:
+            f = torch.cholesky_solve(b, L)
+            del G, L
+            # G f without another D x D copy (all distances are seen in the usual case)
+            gram = self.gram
+            if len(seen) < self.D:
+                gram = gram.index_select(0, seen).index_select(1, seen)
+            count = self.count[seen][:, None]
+            residual = float((count * f - gram @ f - b).abs().max())
+            scale = float((count * f).abs().max()) + float(b.abs().max())
+            if residual <= 1e-8 * max(scale, 1e-300):
+                return f.T
+        G = self._normal_matrix(seen)
+        G = (G + G.T) / 2
+        lam, V = torch.linalg.eigh(G)
+        tol = max(len(seen), 1) * torch.finfo(_DTYPE).eps * float(lam.abs().max().clamp(min=1e-300))
+        inv = torch.where(lam > tol, 1.0 / lam, torch.zeros_like(lam))
+        return (V @ (inv[:, None] * (V.T @ b))).T
 
     def mass_per_row(self) -> torch.Tensor:
         return self.mass / max(self.n_rows, 1)
@@ -293,8 +334,9 @@ def distance_dependence(
     `model`: a HookedTransformer, a Checkpoint or a path. `data`: anything
     `nopeinterp.data.make_sequences` takes (None: the checkpoint's task); sequences are grouped
     into "ID"/"OOD" by `id_lengths`/`ood_lengths` (a task: `n_eval` val-split and
-    test-split examples), or a single split "all" when no lengths are given. Streams only
-    ``hook_attn_scores`` and ``hook_pattern`` of the requested blocks.
+    test-split examples), or a single split "all" when no lengths are given. Attention is
+    read by blocks of query rows (`nopeinterp.probing._stream.AttentionRows`): on our models
+    from cached q and k only, on others from ``hook_attn_scores`` and ``hook_pattern``.
     """
     mi = as_model(model)
     model = mi.model
@@ -319,28 +361,28 @@ def distance_dependence(
     )
     if not sets:
         raise ValueError("no sequences this model can read")
-    hooks = {
-        layer: (f"blocks.{layer}.attn.hook_attn_scores", f"blocks.{layer}.attn.hook_pattern")
-        for layer in layers
-    }
     rows, mass_rows, rel_rows = [], [], []
     block_pe = mi.layer_pe
     for split, s in sets.items():
         stats = {layer: DistanceStats(H) for layer in layers}
-        for _, mask, acts in stream(
+        for _, mask, attention, group in attention_batches(
             model,
             s,
-            hooks,
+            layers,
             batch_size=batch_size,
-            bytes_per_item=lambda t: 2 * H * t * t * 4,
+            scores=True,
             max_cache_mb=max_cache_mb,
             progress=progress,
             desc=f"distance: {split}",
         ):
             real = mask.bool()
-            valid = real[:, :, None] & real[:, None, :]
-            for layer, (scores, pattern) in acts.items():
-                stats[layer].update(scores, valid, pattern)
+            for layer in group:
+                stats[layer].reserve(mask.shape[1])
+                for r0, r1 in row_blocks(*mask.shape[:1], H, mask.shape[1]):
+                    scores, pattern = attention.rows(layer, r0, r1)
+                    valid = real[:, r0:r1, None] & real[:, None, :r1]
+                    stats[layer].update_rows(scores.cpu(), valid, r0, pattern.cpu())
+                attention.release(layer)
         for layer in layers:
             st = stats[layer]
             r2, profile = st.solve()

@@ -4,8 +4,9 @@ Rows. Everything here is computed per attention *row*: one real query token at p
 of one sequence, attending over its ``n = t + 1`` visible keys 0..t (right padding, so all
 of them are real). "Length" is that ``n``, the number of keys of the row (per query
 position), NOT the length of the sequence the row belongs to: rows of every sequence that
-reach position t are pooled at n = t + 1. Only ``hook_pattern`` (and, for the taxonomy's
-distance score, ``hook_attn_scores``) of the requested blocks are cached, batch by batch.
+reach position t are pooled at n = t + 1. Attention is read batch by batch and by blocks of
+query rows (`nopeinterp.probing._stream.AttentionRows`: on our models from cached q and k,
+elsewhere from ``hook_pattern`` and, for the taxonomy's distance score, ``hook_attn_scores``).
 Layers are block indices 0..n_layers-1 (the attention of block l), as in `distance.py`.
 
 `attention_sinks` -> `SinkResult`, per (split, layer, head, n):
@@ -48,7 +49,7 @@ import pandas as pd
 import torch
 
 from nopeinterp.data import as_model, describe, make_sequences
-from nopeinterp.probing._stream import stream
+from nopeinterp.probing._stream import attention_batches, row_blocks
 from nopeinterp.probing.distance import DistanceStats
 from nopeinterp.results import Result
 
@@ -105,27 +106,35 @@ class PatternStats:
 
     def update(self, pattern: torch.Tensor, real: torch.Tensor) -> PatternStats:
         """pattern [B, H, N, N] (query, key); real [B, N] bool (right-padded real tokens)."""
-        B, H, N, _ = pattern.shape
+        return self.update_rows(pattern, real, 0)
+
+    def update_rows(self, pattern: torch.Tensor, real: torch.Tensor, row0: int) -> PatternStats:
+        """update() for query rows row0..row0+R-1: pattern [B, H, R, N] over keys 0..N-1
+        (N >= row0 + R); real [B, >= row0 + R] bool."""
+        B, H, R, N = pattern.shape
         if H != self.H:
             raise ValueError(f"expected {self.H} heads, got {H}")
         p = pattern.to(_DTYPE)
-        q = torch.arange(N)
+        q = torch.arange(row0, row0 + R)  # query positions
+        k = torch.arange(N)
         n = (q + 1).to(_DTYPE)  # keys per row
-        causal = q[None, :] <= q[:, None]  # [query, key]
+        causal = k[None, :] <= q[:, None]  # [query, key]
         p = p * causal
-        w = real.to(_DTYPE)[:, None, :]  # [B, 1, N] row weights
-        dist = q[:, None] - q[None, :]
+        real = real[:, row0 : row0 + R].to(_DTYPE)
+        w = real[:, None, :]  # [B, 1, R] row weights
+        dist = q[:, None] - k[None, :]
+        previous = p.gather(-1, (q - 1).clamp(min=0).expand(B, H, R)[..., None])[..., 0]
         stats = {
             "first": p[..., 0],
-            "prev": torch.nn.functional.pad(torch.diagonal(p, -1, -2, -1), (1, 0)),
+            "prev": previous * (q >= 1),
             "local": (p * (causal & (dist <= LOCAL_WINDOW))).sum(-1),
             "tv": 0.5 * ((p - 1 / n[:, None]).abs() * causal).sum(-1),
             "entropy": -torch.special.xlogy(p, p).sum(-1),
         }
-        self._grow(N)
-        self.count[:N] += real.to(_DTYPE).sum(0)
+        self._grow(row0 + R)
+        self.count[row0 : row0 + R] += real.sum(0)
         for f, v in stats.items():
-            self.sums[f][:, :N] += (v * w).sum(0)
+            self.sums[f][:, row0 : row0 + R] += (v * w).sum(0)
         return self
 
     def means(self) -> dict[str, torch.Tensor]:
@@ -194,39 +203,35 @@ def _attention_stats(
     sets = make_sequences(data, mi, purpose="analysis", **set_kwargs)
     if not sets:
         raise ValueError("no sequences this model can read")
-    names = {}
-    for layer in layers:
-        pattern = f"blocks.{layer}.attn.hook_pattern"
-        names[layer] = (
-            (pattern, f"blocks.{layer}.attn.hook_attn_scores") if with_scores else pattern
-        )
     out = {}
     for split, s in sets.items():
         stats = {
             layer: (PatternStats(H), DistanceStats(H) if with_scores else None) for layer in layers
         }
-        for _, mask, acts in stream(
+        for _, mask, attention, group in attention_batches(
             model,
             s,
-            names,
+            layers,
             batch_size=batch_size,
-            bytes_per_item=lambda t: (2 if with_scores else 1) * H * t * t * 4,
+            scores=with_scores,
             max_cache_mb=max_cache_mb,
             progress=progress,
             desc=f"{desc}: {split}",
         ):
             real = mask.bool()
-            if with_scores:
-                q = torch.arange(real.shape[1])
-                valid = real[:, :, None] & real[:, None, :] & (q >= min_keys - 1)[None, :, None]
-            for layer, act in acts.items():
+            for layer in group:
                 pst, dst = stats[layer]
                 if with_scores:
-                    pattern, scores = act
-                    dst.update(scores, valid)
-                else:
-                    pattern = act
-                pst.update(pattern, real)
+                    dst.reserve(mask.shape[1])
+                for r0, r1 in row_blocks(*mask.shape[:1], H, mask.shape[1]):
+                    scores, pattern = attention.rows(layer, r0, r1)
+                    pst.update_rows(pattern.cpu(), real, r0)
+                    if with_scores:
+                        q = torch.arange(r0, r1)
+                        valid = real[:, r0:r1, None] & real[:, None, :r1]
+                        valid = valid & (q >= min_keys - 1)[None, :, None]
+                        dst.update_rows(scores.cpu(), valid, r0)
+                attention.release(layer)
         out[split] = stats
     return out, sets, mi
 

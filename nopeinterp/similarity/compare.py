@@ -82,8 +82,8 @@ def rank_refs(table: pd.DataFrame) -> pd.DataFrame:
 class ComparisonResult(Result):
     """Output of `compare_attention`: data only. `table`: mean divergence with bootstrap CI per
     (ref, layer, split); `per_example`: one row per (ref, example, layer); `ranking`: refs
-    closest to NoPE first, per split; `example`: one example's tokens and, per model, its
-    attention pattern at `example_layer` ([head, query, key]); `profile`: that example's
+    closest to NoPE first, per split; `example`: one example's first tokens (at most
+    EXAMPLE_MAX_TOKENS) and, per model, its attention pattern at `example_layer` ([head, query, key]); `profile`: that example's
     attention mass by distance per model."""
 
     per_example: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -321,9 +321,15 @@ def compare_attention(
     )
 
 
+# The example heatmap shows at most this many first tokens: a causal model's attention over a
+# prefix is the top-left block of its attention over the whole sequence, and a longer map is
+# neither readable nor small (16 heads x 2048^2 floats is 256 MiB per model).
+EXAMPLE_MAX_TOKENS = 256
+
+
 def _first_sequence(sets) -> torch.Tensor:
     s = next(iter(sets.values()))
-    return s.tokens[0, : int(s.attention_mask[0].sum())]
+    return s.tokens[0, : min(int(s.attention_mask[0].sum()), EXAMPLE_MAX_TOKENS)]
 
 
 def _fits(model, n_tokens: int) -> bool:

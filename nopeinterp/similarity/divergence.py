@@ -23,13 +23,16 @@ What we compute by default, and how it differs from the official code
   other) that is model_a head j vs model_b head i, i < j. The "heads" column then names the
   chosen pair "a-b".
 
-Cost and memory. For each layer all Ha x Hb head pairs and all rows are done at once: the
-causal (lower-triangle) entries of each pattern are packed into a vector of T(T+1)/2 per head,
-and JSD summed over rows is 0.5 (sum p log p + sum q log q) - sum m log m, so only the m log m
-term needs the pairwise [B, Ha, Hb, T(T+1)/2] tensor (processed in bounded chunks). Data are
-streamed batch by batch; only the per-(example, layer) scalars are kept, so peak memory does
-not grow with the number of examples. Only `blocks.{l}.attn.hook_pattern` is cached, and the
-forward pass stops after the last requested layer.
+Cost and memory. For each layer all Ha x Hb head pairs are done at once, over blocks of
+query rows: the causal entries of each block of each pattern are packed into one vector per
+head, and JSD summed over rows is 0.5 (sum p log p + sum q log q) - sum m log m, so only the
+m log m term needs the pairwise [B, Ha, Hb, cells] tensor (processed in bounded chunks); the
+blocks' sums add up to the sequence's. Data are streamed batch by batch; only the
+per-(example, layer) scalars are kept, so peak memory does not grow with the number of
+examples. On our models the patterns are computed block by block from cached q and k
+(`nopeinterp.probing._stream.AttentionRows`), so no full [B, H, T, T] tensor exists; on
+others `blocks.{l}.attn.hook_pattern` is cached. The forward pass stops after the last
+requested layer.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from nopeinterp.data import make_sequences
+from nopeinterp.probing._stream import AttentionRows, row_blocks
 from nopeinterp.progress import progress as progress_bar
 from nopeinterp.similarity.jsd import LN2
 
@@ -71,37 +75,70 @@ def head_pair_divergence(
     `metric`: "jsd" (true JSD, nats, clamped into [0, ln 2]) or "paper_jsd".
     Only entries with key <= query are read; the rest of each pattern is ignored.
     """
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     if pattern_a.ndim != 4 or pattern_b.ndim != 4:
         raise ValueError("patterns must be [batch, head, query, key]")
-    batch, n_a, t_q, t_k = pattern_a.shape
-    n_b = pattern_b.shape[1]
-    if pattern_b.shape[0] != batch or pattern_b.shape[2:] != (t_q, t_k) or t_q != t_k:
-        raise ValueError(
-            f"pattern shapes differ: {tuple(pattern_a.shape)} vs {tuple(pattern_b.shape)}"
-        )
-    dtype = torch.promote_types(pattern_a.dtype, pattern_b.dtype)
+    t_q, t_k = pattern_a.shape[2:]
+    if t_q != t_k:
+        raise ValueError(f"patterns must be square, got {tuple(pattern_a.shape)}")
     if valid_rows is None:
-        valid_rows = torch.ones(batch, t_q, dtype=torch.bool, device=pattern_a.device)
-    valid_rows = valid_rows.bool()
-    n_rows = valid_rows.sum(1)
+        valid_rows = torch.ones(pattern_a.shape[0], t_q, dtype=torch.bool, device=pattern_a.device)
+    total = head_pair_divergence_sum(
+        pattern_a, pattern_b, valid_rows, metric=metric, chunk_elements=chunk_elements
+    )
+    return mean_divergence(total, valid_rows.bool().sum(1), metric)
+
+
+def mean_divergence(total: torch.Tensor, n_rows: torch.Tensor, metric: str) -> torch.Tensor:
+    """[B, Ha, Hb] sums over rows (`head_pair_divergence_sum`) -> means over `n_rows` [B]."""
     if (n_rows == 0).any():
         raise ValueError(
             "an example has no query row to compare (a 1-token sequence with the first row "
             "excluded?); pass include_first_row=True or drop it"
         )
-    rows, cols = torch.tril_indices(t_q, t_k, device=pattern_a.device)
-    flat = rows * t_k + cols  # causal cells of a row-major [T, T] matrix
+    out = total / n_rows[:, None, None].to(total.device, total.dtype)
+    if metric == "jsd":
+        out.clamp_(0.0, LN2)  # rounding only: each row's JSD is in [0, ln 2]
+    return out
 
-    def packed(pattern):  # [B, H, T, T] -> [B, H, N]; index_select beats 2-d fancy indexing
+
+def head_pair_divergence_sum(
+    pattern_a: torch.Tensor,
+    pattern_b: torch.Tensor,
+    valid_rows: torch.Tensor,
+    row0: int = 0,
+    *,
+    metric: str = "jsd",
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Sum over the valid rows of a block of the divergence of every head pair: [B, Ha, Hb].
+
+    `pattern_a` [B, Ha, R, N], `pattern_b` [B, Hb, R, N]: query rows row0..row0+R-1 over
+    keys 0..N-1 (N >= row0 + R); `valid_rows` [B, R] bool. Sums of consecutive blocks add
+    up to the whole sequence's (see `mean_divergence`).
+    """
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    if pattern_a.ndim != 4 or pattern_b.ndim != 4:
+        raise ValueError("patterns must be [batch, head, query, key]")
+    batch, n_a, n_q, n_k = pattern_a.shape
+    n_b = pattern_b.shape[1]
+    if pattern_b.shape[0] != batch or pattern_b.shape[2:] != (n_q, n_k) or n_k < row0 + n_q:
+        raise ValueError(
+            f"pattern shapes differ: {tuple(pattern_a.shape)} vs {tuple(pattern_b.shape)}"
+        )
+    dtype = torch.promote_types(pattern_a.dtype, pattern_b.dtype)
+    valid_rows = valid_rows.bool().to(pattern_a.device)
+    rows, cols = torch.tril_indices(n_q, n_k, offset=row0, device=pattern_a.device)
+    flat = rows * n_k + cols  # causal cells of a row-major [R, N] block
+
+    def packed(pattern):  # [B, H, R, N] -> [B, H, cells]; index_select beats fancy indexing
         return pattern.reshape(*pattern.shape[:2], -1).index_select(-1, flat).to(dtype)
 
-    keep = valid_rows[:, rows][:, None, :]  # [B, 1, N]
+    keep = valid_rows[:, rows][:, None, :]  # [B, 1, cells]
     # Zero the entries of rows we skip (padding, row 0): xlogy(0, .) = 0 drops them from
     # every sum, and a NaN in a padded row cannot leak in.
-    a = torch.where(keep, packed(pattern_a), 0.0)  # [B, Ha, N]
-    b = torch.where(keep, packed(pattern_b), 0.0)  # [B, Hb, N]
+    a = torch.where(keep, packed(pattern_a), 0.0)  # [B, Ha, cells]
+    b = torch.where(keep, packed(pattern_b), 0.0)  # [B, Hb, cells]
     n_entries = rows.numel()
     if metric == "jsd":
         # sum over rows of JSD = 0.5 (sum p log p + sum q log q) - sum m log m
@@ -114,8 +151,8 @@ def head_pair_divergence(
         bs = slice(b0, b0 + batch_step)
         for h0 in range(0, n_a, head_step):
             hs = slice(h0, h0 + head_step)
-            pa, pb = a[bs, hs, None], b[bs, None]  # [bc, hc, 1, N], [bc, 1, Hb, N]
-            m = pa + pb  # [bc, hc, Hb, N]; in-place ops below: the one big temporary
+            pa, pb = a[bs, hs, None], b[bs, None]  # [bc, hc, 1, cells], [bc, 1, Hb, cells]
+            m = pa + pb  # [bc, hc, Hb, cells]; in-place ops below: the one big temporary
             m.mul_(0.5)
             if metric == "jsd":
                 m_log_m = torch.xlogy(m, m, out=m).sum(-1)
@@ -125,9 +162,6 @@ def head_pair_divergence(
                     -1
                 )
             out[bs, hs] = total
-    out /= n_rows[:, None, None].to(dtype)
-    if metric == "jsd":
-        out.clamp_(0.0, LN2)  # rounding only: each row's JSD is in [0, ln 2]
     return out
 
 
@@ -205,8 +239,8 @@ def check_compatible(model_a, model_b, name: str = "model_b") -> None:
         )
 
 
-# Attention patterns cached at once per batch (both models): layers are taken in groups that
-# fit, so memory is bounded by one layer's patterns for a batch, not by the number of layers.
+# Attention caches held at once per batch (per model): layers are taken in groups that fit,
+# so memory is bounded by one layer's cache for a batch, not by the number of layers.
 PATTERN_CACHE_MB = 512
 
 
@@ -309,30 +343,34 @@ def divergence_frames(
                 valid = valid.to(model_a.cfg.device)
                 vals = {name: np.empty((n, len(layers))) for name in models_b}
                 pair_names = {name: [[None] * len(layers) for _ in range(n)] for name in models_b}
-                # layers in groups whose patterns fit PATTERN_CACHE_MB (one pass per group)
+                # layers in groups whose caches fit PATTERN_CACHE_MB (one pass per group);
+                # each layer's patterns are read by blocks of query rows (AttentionRows)
                 t = tokens.shape[1]
-                per_layer = (
-                    n * t * t * 4 * max(m.cfg.n_heads for m in (model_a, *models_b.values()))
-                )
+                everyone = (model_a, *models_b.values())
+                per_layer = max(AttentionRows.layer_bytes(m, n, t) for m in everyone)
                 step = max(1, int(PATTERN_CACHE_MB * 2**20 // max(per_layer, 1)))
+                blocks = row_blocks(n, max(m.cfg.n_heads for m in everyone), t)
+                n_rows = valid.sum(1)
                 for g0 in range(0, len(layers), step):
                     group = list(enumerate(layers))[g0 : g0 + step]
-                    pats_a = attention_patterns(model_a, tokens, mask, [ly for _, ly in group])
+                    src_a = AttentionRows(model_a, tokens, mask, [ly for _, ly in group])
                     for name, model_b in models_b.items():
-                        pats_b = attention_patterns(model_b, tokens, mask, [ly for _, ly in group])
+                        src_b = AttentionRows(model_b, tokens, mask, [ly for _, ly in group])
                         for li, layer in group:
-                            mat = head_pair_divergence(
-                                pats_a[layer],
-                                pats_b[layer].to(pats_a[layer].device),
-                                valid,
-                                metric=metric,
-                            )
+                            total = 0
+                            for r0, r1 in blocks:
+                                pa = src_a.rows(layer, r0, r1)[1]
+                                pb = src_b.rows(layer, r0, r1)[1].to(pa.device)
+                                total = total + head_pair_divergence_sum(
+                                    pa, pb, valid[:, r0:r1], r0, metric=metric
+                                )
+                            mat = mean_divergence(total, n_rows, metric)
                             v, h = reduce_heads(mat.cpu().numpy(), reducers[name])
                             vals[name][:, li] = v
                             for e in range(n):
                                 pair_names[name][e][li] = h[e]
-                        del pats_b
-                    del pats_a
+                        del src_b
+                    del src_a
                 for name in models_b:
                     results[name]["value"].extend(vals[name].tolist())
                     results[name]["heads"].extend(pair_names[name])
