@@ -162,6 +162,38 @@ def test_distance_fit_by_cholesky_or_eigh_matches_the_dense_regression(connected
     np.testing.assert_allclose(ours, _dense_oracle(scores.numpy(), valid.numpy()), atol=1e-10)
 
 
+def test_layers_sharing_one_design_get_their_own_fits():
+    """One D x D design for all layers; a layer whose logits are -inf on some used cells (a
+    sliding window) keeps its difference, and every fit equals the layer's own."""
+    from nopeinterp.probing.distance import DistanceDesign, DistanceStats
+
+    g = torch.Generator().manual_seed(8)
+    B, H, N = 3, 2, 12
+    real = torch.ones(B, N, dtype=torch.bool)
+    real[1, 9:] = False
+    valid = real[:, :, None] & real[:, None, :]
+    d = torch.arange(N)[:, None] - torch.arange(N)[None]
+    full = torch.randn(B, H, N, N, generator=g, dtype=torch.float64) + torch.cos(d.double())
+    window = full.masked_fill(d > 4, float("-inf"))
+    design = DistanceDesign()
+    shared = {"full": DistanceStats(H, design), "window": DistanceStats(H, design)}
+    scores = {"full": full, "window": window}
+    for r0, r1 in [(0, 3), (3, 7), (7, 12)]:
+        design.update_rows(valid[:, r0:r1, :r1], r0)
+        for name, st in shared.items():
+            st.update_rows(scores[name][:, :, r0:r1, :r1], valid[:, r0:r1, :r1], r0)
+    assert shared["full"].own is None  # nothing of its own: the shared gram serves it
+    assert shared["window"].own is not None
+    for name, st in shared.items():
+        alone = DistanceStats(H).update(scores[name], valid)
+        for attr in ("count", "gram", "b", "ss_tot"):
+            torch.testing.assert_close(getattr(st, attr), getattr(alone, attr))
+        assert (st.n_cells, st.n_rows) == (alone.n_cells, alone.n_rows)
+        for x, y in zip(st.solve(), alone.solve(), strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-10)
+    assert shared["window"].n_cells < shared["full"].n_cells
+
+
 def test_distance_r2_toeplitz_plus_row_offsets_is_one():
     g = torch.Generator().manual_seed(6)
     B, H, N = 4, 3, 17

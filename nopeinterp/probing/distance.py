@@ -74,35 +74,104 @@ def _skew(x: torch.Tensor, row0: int = 0) -> torch.Tensor:
     return out.masked_fill(~(d <= n), 0)
 
 
-class DistanceStats:
-    """Streaming sufficient statistics of the distance fit for the heads of one layer."""
+class DistanceDesign:
+    """The mask side of the fit: which distances each used row holds. `count` [D] (rows
+    holding distance d), `gram` [D, D] (sum over rows of ind ind^T / c), and the numbers of
+    used cells and rows. The same for every head, and for every layer whose logits are
+    finite on the same cells, so one design can serve all layers (see `DistanceStats`)."""
 
-    def __init__(self, n_heads: int):
-        self.H = n_heads
+    def __init__(self):
         self.D = 0
-        self.count = torch.zeros(0, dtype=_DTYPE)  # rows holding distance d
-        self.gram = torch.zeros(0, 0, dtype=_DTYPE)  # sum_r ind ind^T / c
-        self.b = torch.zeros(n_heads, 0, dtype=_DTYPE)
-        self.mass = torch.zeros(n_heads, 0, dtype=_DTYPE)
-        self.rel_mass = torch.zeros(n_heads, REL_BINS, dtype=_DTYPE)  # by d / n, see module docs
-        self.rel_uniform = torch.zeros(REL_BINS, dtype=_DTYPE)  # the same, uniform attention
-        self.ss_tot = torch.zeros(n_heads, dtype=_DTYPE)
+        self.count = torch.zeros(0, dtype=_DTYPE)
+        self.gram = torch.zeros(0, 0, dtype=_DTYPE)
         self.n_cells = 0
         self.n_rows = 0
 
     def reserve(self, D: int) -> None:
         """Make room for distances 0..D-1 at once (growing block by block would copy the
         D x D gram once per block)."""
+        if D > self.D:
+            pad = D - self.D
+            self.count = torch.nn.functional.pad(self.count, (0, pad))
+            self.gram = torch.nn.functional.pad(self.gram, (0, pad, 0, pad))
+            self.D = D
+
+    def update_rows(self, valid: torch.Tensor, row0: int, sign: int = 1) -> DistanceDesign:
+        """Add (sign -1: remove) query rows row0..row0+R-1: valid [B, R, N] bool."""
+        self.add(used_cells(valid, row0), sign)
+        return self
+
+    def add(self, sk_used: torch.Tensor, sign: int = 1) -> None:
+        """sk_used [B, R, D] (query row, distance) from `used_cells`."""
+        N = sk_used.shape[-1]
+        self.reserve(N)
+        ind = sk_used.reshape(-1, N).to(_DTYPE)
+        used = ind.sum(-1) > 0
+        ind = ind[used]
+        self.count[:N] += sign * ind.sum(0)
+        self.gram[:N, :N].addmm_(ind.T, ind / ind.sum(-1, keepdim=True), alpha=sign)  # in place
+        self.n_cells += sign * int(ind.sum())
+        self.n_rows += sign * int(used.sum())
+
+
+def used_cells(valid: torch.Tensor, row0: int) -> torch.Tensor:
+    """valid [B, R, N] (query row, key) -> [B, R, D] (query row, distance) of the cells the
+    fit uses: valid causal cells of rows with at least 2 of them."""
+    sk = _skew(valid, row0)
+    return sk & (sk.sum(-1, keepdim=True) >= 2)
+
+
+class DistanceStats:
+    """Streaming sufficient statistics of the distance fit for the heads of one layer.
+
+    `design`: a `DistanceDesign` shared with other layers, which the caller updates once per
+    block of rows with the cells it passes as `valid` (the D x D gram is then held once, not
+    once per layer). Where this layer's logits are not finite on some of those cells (a
+    sliding window, a patch), its difference from the shared design is kept here. None: the
+    layer keeps its own design.
+    """
+
+    def __init__(self, n_heads: int, design: DistanceDesign | None = None):
+        self.H = n_heads
+        self.D = 0
+        self.shared = design
+        self.own = DistanceDesign() if design is None else None  # own, or the difference
+        self.b = torch.zeros(n_heads, 0, dtype=_DTYPE)
+        self.mass = torch.zeros(n_heads, 0, dtype=_DTYPE)
+        self.rel_mass = torch.zeros(n_heads, REL_BINS, dtype=_DTYPE)  # by d / n, see module docs
+        self.rel_uniform = torch.zeros(REL_BINS, dtype=_DTYPE)  # the same, uniform attention
+        self.ss_tot = torch.zeros(n_heads, dtype=_DTYPE)
+
+    # the design this layer's fit uses: the shared one plus this layer's difference
+    def _combined(self, name):
+        parts = [d for d in (self.shared, self.own) if d is not None]
+        if name in ("n_cells", "n_rows"):
+            return sum(getattr(d, name) for d in parts)
+        out = None  # no copy when one part covers every distance (the usual case)
+        for d in parts:
+            x = getattr(d, name)
+            if d.D < self.D:
+                x = torch.nn.functional.pad(x, (0, self.D - d.D) * x.ndim)
+            out = x if out is None else out + x
+        return out
+
+    count = property(lambda self: self._combined("count"))
+    gram = property(lambda self: self._combined("gram"))
+    n_cells = property(lambda self: self._combined("n_cells"))
+    n_rows = property(lambda self: self._combined("n_rows"))
+
+    def reserve(self, D: int) -> None:
+        """Make room for distances 0..D-1 at once."""
         self._grow(D)
 
     def _grow(self, D: int):
         if D <= self.D:
             return
         pad = D - self.D
-        self.count = torch.nn.functional.pad(self.count, (0, pad))
-        self.gram = torch.nn.functional.pad(self.gram, (0, pad, 0, pad))
         self.b = torch.nn.functional.pad(self.b, (0, pad))
         self.mass = torch.nn.functional.pad(self.mass, (0, pad))
+        if self.own is not None:
+            self.own.reserve(D)
         self.D = D
 
     def update(
@@ -131,15 +200,24 @@ class DistanceStats:
     def update_rows(self, scores, valid, row0: int, pattern=None) -> DistanceStats:
         """update() for query rows row0..row0+R-1 over keys 0..N-1 (N >= row0 + R):
         scores/pattern [B, H, R, N], valid [B, R, N] bool. Keys after a row's query are
-        never read (causal)."""
+        never read (causal). With a shared design, the caller has added `valid` to it."""
         B, H, R, N = scores.shape
         if H != self.H:
             raise ValueError(f"expected {self.H} heads, got {H}")
-        valid = valid.to(torch.bool).expand(B, R, N) & torch.isfinite(scores).all(1)
+        given = valid.to(torch.bool).expand(B, R, N)
+        valid = given & torch.isfinite(scores).all(1)
         self._grow(N)
-        sk_valid = _skew(valid, row0)  # [B, R, D=N]
-        c = sk_valid.sum(-1, keepdim=True)  # cells per row
-        sk_valid = sk_valid & (c >= 2)
+        sk_valid = used_cells(valid, row0)  # [B, R, D=N]
+        if self.shared is None:
+            self.own.add(sk_valid)
+        else:
+            sk_given = used_cells(given, row0)
+            if not torch.equal(sk_valid, sk_given):  # this layer differs from the shared
+                if self.own is None:
+                    self.own = DistanceDesign()
+                self.own.reserve(N)
+                self.own.add(sk_valid)
+                self.own.add(sk_given, -1)
         c = sk_valid.sum(-1, keepdim=True).to(_DTYPE)
         y = _skew(torch.where(valid[:, None], scores, 0).to(_DTYPE), row0)  # [B, H, R, D]
         m = sk_valid[:, None].to(_DTYPE)
@@ -148,13 +226,6 @@ class DistanceStats:
         yc = (y - mean) * m
         self.b[:, :N] += yc.sum((0, 2))
         self.ss_tot += (yc * yc).sum((0, 2, 3))
-        ind = sk_valid.reshape(-1, N).to(_DTYPE)
-        used = ind.sum(-1) > 0
-        ind = ind[used]
-        self.count[:N] += ind.sum(0)
-        self.gram[:N, :N] += ind.T @ (ind / ind.sum(-1, keepdim=True))
-        self.n_cells += int(ind.sum())
-        self.n_rows += int(used.sum())
         if pattern is not None:
             p = _skew(pattern.to(_DTYPE), row0) * m
             self.mass[:, :N] += p.sum((0, 2))
@@ -215,11 +286,18 @@ class DistanceStats:
             f = torch.cholesky_solve(b, L)
             del G, L
             # G f without another D x D copy (all distances are seen in the usual case)
-            gram = self.gram
-            if len(seen) < self.D:
-                gram = gram.index_select(0, seen).index_select(1, seen)
             count = self.count[seen][:, None]
-            residual = float((count * f - gram @ f - b).abs().max())
+            gram_f = 0
+            for d in (self.shared, self.own):
+                if d is None or d.D == 0:
+                    continue
+                part = seen[seen < d.D]
+                gram = d.gram
+                if len(part) < d.D or len(part) < len(seen):
+                    gram = gram.index_select(0, part).index_select(1, part)
+                    gram = torch.nn.functional.pad(gram, (0, len(seen) - len(part)) * 2)
+                gram_f = gram_f + gram @ f
+            residual = float((count * f - gram_f - b).abs().max())
             scale = float((count * f).abs().max()) + float(b.abs().max())
             if residual <= 1e-8 * max(scale, 1e-300):
                 return f.T
@@ -364,7 +442,8 @@ def distance_dependence(
     rows, mass_rows, rel_rows = [], [], []
     block_pe = mi.layer_pe
     for split, s in sets.items():
-        stats = {layer: DistanceStats(H) for layer in layers}
+        design = DistanceDesign()  # which cells are used: one for all layers
+        stats = {layer: DistanceStats(H, design) for layer in layers}
         for _, mask, attention, group in attention_batches(
             model,
             s,
@@ -376,12 +455,20 @@ def distance_dependence(
             desc=f"distance: {split}",
         ):
             real = mask.bool()
+            blocks = row_blocks(*mask.shape[:1], H, mask.shape[1])
+
+            def valid(r0, r1, real=real):
+                return real[:, r0:r1, None] & real[:, None, :r1]
+
+            if group[0] == layers[0]:  # a new batch (its first group of layers)
+                design.reserve(mask.shape[1])
+                for r0, r1 in blocks:
+                    design.update_rows(valid(r0, r1), r0)
             for layer in group:
                 stats[layer].reserve(mask.shape[1])
-                for r0, r1 in row_blocks(*mask.shape[:1], H, mask.shape[1]):
+                for r0, r1 in blocks:
                     scores, pattern = attention.rows(layer, r0, r1)
-                    valid = real[:, r0:r1, None] & real[:, None, :r1]
-                    stats[layer].update_rows(scores.cpu(), valid, r0, pattern.cpu())
+                    stats[layer].update_rows(scores.cpu(), valid(r0, r1), r0, pattern.cpu())
                 attention.release(layer)
         for layer in layers:
             st = stats[layer]
@@ -412,6 +499,7 @@ def distance_dependence(
                         "ss_tot": float(st.ss_tot[h]),
                     }
                 )
+                count = st.count
                 for d in range(st.D):
                     mass_rows.append(
                         {
@@ -421,7 +509,7 @@ def distance_dependence(
                             "distance": d,
                             "mass": float(mass[h, d]),
                             "profile": float(profile[h, d]),
-                            "n_rows": int(st.count[d]),
+                            "n_rows": int(count[d]),
                         }
                     )
     meta = {"title": title or describe(mi, "Distance dependence"), "layers": layers, **sets.meta()}
@@ -434,6 +522,7 @@ def distance_dependence(
 
 
 __all__ = [
+    "DistanceDesign",
     "DistanceResult",
     "DistanceStats",
     "distance_dependence",

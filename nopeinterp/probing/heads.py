@@ -50,7 +50,7 @@ import torch
 
 from nopeinterp.data import as_model, describe, make_sequences
 from nopeinterp.probing._stream import attention_batches, row_blocks
-from nopeinterp.probing.distance import DistanceStats
+from nopeinterp.probing.distance import DistanceDesign, DistanceStats
 from nopeinterp.results import Result
 
 _DTYPE = torch.float64
@@ -205,8 +205,10 @@ def _attention_stats(
         raise ValueError("no sequences this model can read")
     out = {}
     for split, s in sets.items():
+        design = DistanceDesign()  # which cells the distance fit uses: one for all layers
         stats = {
-            layer: (PatternStats(H), DistanceStats(H) if with_scores else None) for layer in layers
+            layer: (PatternStats(H), DistanceStats(H, design) if with_scores else None)
+            for layer in layers
         }
         for _, mask, attention, group in attention_batches(
             model,
@@ -219,18 +221,27 @@ def _attention_stats(
             desc=f"{desc}: {split}",
         ):
             real = mask.bool()
+            blocks = row_blocks(*mask.shape[:1], H, mask.shape[1])
+
+            def valid(r0, r1, real=real):
+                q = torch.arange(r0, r1)
+                return (
+                    real[:, r0:r1, None] & real[:, None, :r1] & (q >= min_keys - 1)[None, :, None]
+                )
+
+            if with_scores and group[0] == layers[0]:  # a new batch (its first group)
+                design.reserve(mask.shape[1])
+                for r0, r1 in blocks:
+                    design.update_rows(valid(r0, r1), r0)
             for layer in group:
                 pst, dst = stats[layer]
                 if with_scores:
                     dst.reserve(mask.shape[1])
-                for r0, r1 in row_blocks(*mask.shape[:1], H, mask.shape[1]):
+                for r0, r1 in blocks:
                     scores, pattern = attention.rows(layer, r0, r1)
                     pst.update_rows(pattern.cpu(), real, r0)
                     if with_scores:
-                        q = torch.arange(r0, r1)
-                        valid = real[:, r0:r1, None] & real[:, None, :r1]
-                        valid = valid & (q >= min_keys - 1)[None, :, None]
-                        dst.update_rows(scores.cpu(), valid, r0)
+                        dst.update_rows(scores.cpu(), valid(r0, r1), r0)
                 attention.release(layer)
         out[split] = stats
     return out, sets, mi
