@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 from _common import parser, print_written, task_filter, write_figure, write_table
 
+from nopeinterp.paper import reciprocal_ranks
 from nopeinterp.zoo import find_checkpoints, over_seeds, pe_rank
 
 # Kazemnejad et al. 2023, aggregate MRR over 17 task splits x 3 seeds (their APE is sinusoidal)
@@ -44,22 +45,29 @@ def ood_accuracy(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def mean_reciprocal_rank(ood: pd.DataFrame, pes=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(ranks per split, MRR per PE) from `ood_accuracy(...)`, ranking only `pes` if given."""
+    """(ranks per split, MRR per PE) from `ood_accuracy(...)`, ranking only `pes` if given.
+
+    Ranks come from `nopeinterp.paper.reciprocal_ranks` (tied PEs share their average rank),
+    per task among the PEs trained on it; a (task, seed) cell with two models of one PE is
+    left out.
+    """
+    cols = ["task", "seed", "pe", "model", "ood_accuracy", "rank", "reciprocal_rank"]
     if pes is not None:
         ood = ood[ood["pe"].isin(pes)]
-    pes_per_task = ood.groupby("task")["pe"].agg(lambda s: frozenset(s))
-    ranks = []
-    for (task, _seed), g in ood.groupby(["task", "seed"], sort=True):
-        if frozenset(g["pe"]) != pes_per_task[task] or g["pe"].duplicated().any():
-            continue
-        g = g.assign(rank=g["ood_accuracy"].rank(ascending=False, method="average"))
-        ranks.append(g[["task", "seed", "pe", "model", "ood_accuracy", "rank"]])
+    runs = ood.rename(columns={"task": "split"})
+    twice = runs.duplicated(["split", "seed", "pe"], keep=False)
+    bad = set(map(tuple, runs.loc[twice, ["split", "seed"]].to_numpy().tolist()))
+    runs = runs[[(sp, se) not in bad for sp, se in zip(runs["split"], runs["seed"], strict=True)]]
+    ranks = [
+        reciprocal_ranks(g, pes=tuple(g["pe"].unique()), tie_order=None)
+        for _, g in runs.groupby("split", sort=True)
+    ]
     if not ranks:
-        return pd.DataFrame(columns=["task", "seed", "pe", "model", "ood_accuracy", "rank"]), (
-            pd.DataFrame(columns=["pe", "mrr", "n_splits", "paper_mrr"])
+        return pd.DataFrame(columns=cols), pd.DataFrame(
+            columns=["pe", "mrr", "n_splits", "paper_mrr"]
         )
-    ranks = pd.concat(ranks, ignore_index=True)
-    ranks["reciprocal_rank"] = 1.0 / ranks["rank"]
+    ranks = pd.concat(ranks, ignore_index=True).rename(columns={"split": "task"})[cols]
+    ranks = ranks.sort_values(["task", "seed"], kind="stable").reset_index(drop=True)
     mrr = (
         ranks.groupby("pe", sort=False)["reciprocal_rank"]
         .agg(mrr="mean", n_splits="count")

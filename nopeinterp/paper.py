@@ -165,23 +165,29 @@ def reciprocal_ranks(
     """Per (split, seed, pe): the PE's rank among ``pes`` in that cell and 1/rank.
 
     Cells lacking any of ``pes`` are dropped. Ties are broken by position in ``tie_order``
-    (earlier = better rank); ``tie_order`` must list every PE compared.
+    (earlier = better rank); ``tie_order`` must list every PE compared. ``tie_order=None``:
+    tied PEs share their average rank. Columns other than the run table's are kept.
     """
     runs = _select(runs, splits, pes)
     pes = tuple(pes) if pes is not None else tuple(runs["pe"].unique())
-    absent = [p for p in pes if p not in tie_order]
-    if absent:
-        raise ComparisonError(f"tie_order {tuple(tie_order)} does not list {absent}")
-    order = {p: i for i, p in enumerate(tie_order)}
-    cols = ["split", "seed", "pe", "ood_accuracy", "rank", "reciprocal_rank"]
+    if tie_order is not None:
+        absent = [p for p in pes if p not in tie_order]
+        if absent:
+            raise ComparisonError(f"tie_order {tuple(tie_order)} does not list {absent}")
+        order = {p: i for i, p in enumerate(tie_order)}
+    extra = [c for c in runs.columns if c not in (*RUN_COLUMNS, "rank", "reciprocal_rank")]
+    cols = ["split", "seed", "pe", *extra, "ood_accuracy", "rank", "reciprocal_rank"]
     cells = []
     for _, g in runs.groupby(["split", "seed"], sort=False):
         if set(g["pe"]) != set(pes):
             continue
-        g = g.assign(_tie=g["pe"].map(order)).sort_values(
-            ["ood_accuracy", "_tie"], ascending=[False, True], kind="stable"
-        )
-        g = g.assign(rank=np.arange(1, len(g) + 1))
+        if tie_order is None:
+            g = g.assign(rank=g["ood_accuracy"].rank(ascending=False, method="average"))
+        else:
+            g = g.assign(_tie=g["pe"].map(order)).sort_values(
+                ["ood_accuracy", "_tie"], ascending=[False, True], kind="stable"
+            )
+            g = g.assign(rank=np.arange(1, len(g) + 1))
         cells.append(g.assign(reciprocal_rank=1.0 / g["rank"])[cols])
     if not cells:
         return pd.DataFrame(columns=cols)

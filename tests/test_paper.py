@@ -137,6 +137,12 @@ def test_ties_follow_tie_order():
         reciprocal_ranks(runs, pes=("nope", "rotary", "t5"), tie_order=("nope", "t5"))
 
 
+def test_without_a_tie_order_tied_pes_share_their_average_rank():
+    runs = _runs({("a", 0): {"nope": 0.2, "rotary": 0.2, "t5": 0.5, "alibi": 0.0}})
+    rr = reciprocal_ranks(runs, pes=("nope", "rotary", "t5", "alibi"), tie_order=None)
+    assert rr.set_index("pe")["rank"].to_dict() == {"t5": 1, "nope": 2.5, "rotary": 2.5, "alibi": 4}
+
+
 def test_incomplete_cells_are_dropped():
     runs = _runs(
         {
