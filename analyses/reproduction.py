@@ -75,9 +75,29 @@ def _sweep(splits, seeds, lr: float, test: str, workers: int) -> dict:
     )
 
 
+def restore_search_records(lr: float) -> list[str]:
+    """Put each committed search record back in its run folder where that folder has none.
+
+    On a new machine runs/ is empty; the search decodes no test set, so a committed record is
+    the whole result of its run and the sweep then skips it instead of training it again.
+    (The grid still needs the checkpoint of a search run it reuses.)"""
+    restored = []
+    for path in sorted((RECORDS / lr_folder(lr)).glob("*.json")):
+        run = path.stem
+        if any(run.startswith(task_spec(s).replace(":", ".")) for s in SEARCH_SPLITS):
+            dest = RUNS / lr_folder(lr) / run / RECORD
+            if not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, dest)
+                restored.append(run)
+    return restored
+
+
 def search(workers: int = 1) -> None:
     """The pre-registered search: 3 rates x (cmc, mdlen) x 5 PEs, seed 0; no test decoded."""
     for lr in SEARCH_LRS:
+        for run in restore_search_records(lr):
+            print(f"{run}: committed record restored", flush=True)
         _sweep(SEARCH_SPLITS, [0], lr, "none", workers)
 
 

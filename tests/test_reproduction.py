@@ -127,3 +127,20 @@ def test_driver_specs_and_lr_choice():
     assert repro.search_summary(runs({3e-4: 0.5, 1e-3: 0.85, 3e-3: 0.9}))[1] == 3e-3
     partial = runs({3e-4: 0.5, 1e-3: 0.9, 3e-3: 0.8}).iloc[:-1]
     assert repro.search_summary(partial)[1] is None  # 29 of 30 runs: no choice
+
+
+def test_search_restores_committed_records_on_a_new_machine(tmp_path, monkeypatch):
+    """An empty runs/ (a new machine): committed search records go back into their run
+    folders, so the sweep skips those runs instead of training them again."""
+    records, runs = tmp_path / "records", tmp_path / "runs"
+    monkeypatch.setattr(repro, "RECORDS", records)
+    monkeypatch.setattr(repro, "RUNS", runs)
+    folder = records / repro.lr_folder(1e-3)
+    folder.mkdir(parents=True)
+    (folder / "copy.variant=cmc-nope-seed0.json").write_text('{"val_accuracy": 0.5}')
+    (folder / "copy.variant=rsc-nope-seed0.json").write_text("{}")  # not a search split
+    assert repro.restore_search_records(1e-3) == ["copy.variant=cmc-nope-seed0"]
+    restored = runs / "lr=0.001" / "copy.variant=cmc-nope-seed0" / RECORD
+    assert json.loads(restored.read_text()) == {"val_accuracy": 0.5}
+    assert not (runs / "lr=0.001" / "copy.variant=rsc-nope-seed0").exists()
+    assert repro.restore_search_records(1e-3) == []  # a folder with a record is left alone
