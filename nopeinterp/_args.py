@@ -70,6 +70,25 @@ def layers(text: str) -> list[int]:
     return out
 
 
+def rope_scaling(text: str) -> dict:
+    """'yarn:2' -> {"rope_type": "yarn", "factor": 2.0} (also linear, dynamic). The model
+    checks the rest (a rotary layer, the other parameters) when it is loaded."""
+    from nopeinterp.models.rotary import ROPE_TYPES
+
+    kinds = [k for k in ROPE_TYPES if k != "default"]
+    kind, _, factor = text.partition(":")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = None
+    if kind not in kinds or value is None or not value >= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"invalid RoPE scaling {text!r} (use TYPE:FACTOR, TYPE one of {', '.join(kinds)}, "
+            "FACTOR >= 1, e.g. yarn:2)"
+        )
+    return {"rope_type": kind, "factor": value}
+
+
 def _check_length(path: Path) -> None:
     """Names and the path within the file system's limits (checked first: stat() fails else)."""
     try:

@@ -132,7 +132,8 @@ def _add_train_flags(p) -> None:
 def cmd_eval(args) -> int:
     from nopeinterp.evaluation import evaluate
 
-    result = evaluate(args.checkpoint, lengths=args.lengths, n=args.n, batch_size=args.batch_size)
+    model = _load(args.checkpoint, rope_scaling=args.rope_scaling)
+    result = evaluate(model, lengths=args.lengths, n=args.n, batch_size=args.batch_size)
     print(_fmt(result.table, index=False))
     print()
     print(_fmt(result.summary, index=False))
@@ -167,12 +168,19 @@ def _analysis_kwargs(args) -> dict:
     return kw
 
 
-def _load(path, hf: bool = False, device=None):
-    """A checkpoint path (loaded only when --device asks for it) or, with `hf`, a Hugging Face
-    save_pretrained directory converted by `nopeinterp.from_hf`."""
+def _load(path, hf: bool = False, device=None, rope_scaling=None):
+    """A checkpoint path (loaded only when --device or --rope-scaling asks for it) or, with
+    `hf`, a Hugging Face save_pretrained directory converted by `nopeinterp.from_hf`."""
     if hf:
-        return nopeinterp.from_hf(path, device=device)
-    return nopeinterp.load_checkpoint(path, device=device) if device else path
+        model = nopeinterp.from_hf(path, device=device)
+        if rope_scaling is not None:
+            from nopeinterp.models import set_rope_scaling
+
+            set_rope_scaling(model, rope_scaling)
+        return model
+    if device or rope_scaling is not None:
+        return nopeinterp.load_checkpoint(path, device=device, rope_scaling=rope_scaling)
+    return path
 
 
 def _text_data(args):
@@ -199,7 +207,8 @@ def _each_checkpoint(args, analyse, what) -> int:
     whats = what if isinstance(what, tuple) else (what,)
     pivots = [[] for _ in whats]
     for path in paths:
-        results = analyse(_load(path, bool(args.hf), args.device), data)
+        model = _load(path, bool(args.hf), args.device, args.rope_scaling)
+        results = analyse(model, data)
         results = results if isinstance(results, tuple) else (results,)
         for found, result in zip(pivots, results, strict=True):
             found.append(pd.concat({path.stem: result.pivot()}, names=["checkpoint"]))
@@ -341,12 +350,21 @@ def _outside_flags(p) -> None:
     p.add_argument("--device", default=None, help="e.g. cuda (default: where the model is)")
 
 
+def _rope_flag(p) -> None:
+    p.add_argument(
+        "--rope-scaling", type=_args.rope_scaling, default=None, metavar="TYPE:FACTOR",
+        help="RoPE scaling for the rotary layers, without retraining: linear, dynamic or yarn, "
+        "e.g. yarn:2 (the original length is the model's n_ctx)",
+    )  # fmt: skip
+
+
 def _analysis_flags(p) -> None:
     p.add_argument(
         "checkpoint", nargs="?", help="a checkpoint, or a directory: every checkpoint in it"
     )
     p.add_argument("--hf", default=None, help="a Hugging Face save_pretrained directory instead")
     _outside_flags(p)
+    _rope_flag(p)
     p.add_argument(
         "--layers", type=parse_layers, default=None, help="comma-separated, e.g. 0,1 (default all)"
     )
@@ -421,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=parse_lengths, default=None, help="default: ID and OOD ranges")
     p.add_argument("--n", type=_args.positive_int, default=200, help="examples per length")
     p.add_argument("--batch-size", type=_args.positive_int, default=64)
+    _rope_flag(p)
     _out(p)
     p.set_defaults(func=cmd_eval)
 

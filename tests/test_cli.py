@@ -186,3 +186,33 @@ def test_heads_cli(ckpt_dir, tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
     _one_line_exit_2(_cli("heads", str(bad)))
+
+
+def test_rope_scaling_flag_is_the_python_api(tmp_path, capsys):
+    """--rope-scaling TYPE:FACTOR on eval and the analyses = load_checkpoint(rope_scaling=)."""
+    import pandas as pd
+
+    from nopeinterp import build_model
+    from nopeinterp.probing import distance_dependence
+    from nopeinterp.tasks import get_task, task_tokenizer
+
+    tok = task_tokenizer(get_task("copy", **TASK_OPTIONS))
+    model = build_model(
+        "rotary", n_layers=1, n_heads=2, d_model=32, d_vocab=len(tok), n_ctx=8, tokenizer=tok
+    )
+    path = save_checkpoint(model, tmp_path / "rot.pt", task="copy", task_options=TASK_OPTIONS)
+    scaling = {"rope_type": "yarn", "factor": 4.0}
+    argv = ["probe-distance", str(path), "--n-eval", "4", "--rope-scaling", "yarn:4"]
+    assert main([*argv, "--out", str(tmp_path / "scaled")]) == 0
+    assert main(argv[:-2] + ["--out", str(tmp_path / "plain")]) == 0
+    scaled = pd.read_csv(tmp_path / "scaled" / "distance.csv")
+    plain = pd.read_csv(tmp_path / "plain" / "distance.csv")
+    want = distance_dependence(
+        load_checkpoint(path, rope_scaling=scaling), n_eval=4, progress=False
+    ).table
+    pd.testing.assert_series_equal(scaled["score"], want["score"], check_names=False)
+    assert not scaled["score"].equals(plain["score"])  # the scaling reached the model
+    assert (
+        main(["eval", str(path), "--n", "2", "--lengths", "3", "--rope-scaling", "linear:2"]) == 0
+    )
+    capsys.readouterr()

@@ -48,6 +48,18 @@ def cases(c):
     long_name = str(d / ("x" * 300 + ".pt"))
     return {
         "eval --n 0": (["eval", nope, "--n", "0"], "argument --n: must be >= 1, got 0"),
+        "eval --rope-scaling ntk:2": (
+            ["eval", nope, "--rope-scaling", "ntk:2"],
+            "invalid RoPE scaling 'ntk:2'",
+        ),
+        "eval --rope-scaling yarn:0.5": (
+            ["eval", nope, "--rope-scaling", "yarn:0.5"],
+            "FACTOR >= 1",
+        ),
+        "eval --rope-scaling on a NoPE model": (
+            ["eval", nope, "--n", "2", "--lengths", "3", "--rope-scaling", "yarn:2"],
+            "rope_scaling needs a rotary layer",
+        ),
         "eval --batch-size -1": (
             ["eval", nope, "--n", "2", "--lengths", "3", "--batch-size", "-1"],
             "argument --batch-size: must be >= 1, got -1",

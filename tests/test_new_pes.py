@@ -287,3 +287,18 @@ def test_left_padding_gives_each_sequence_its_unpadded_logits(tiny, pe):
         padded = model(batch, attention_mask=mask)
         alone = model(seq[1:, pad:])
     torch.testing.assert_close(padded[1, pad:], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_rope_scaling_on_a_stock_transformerlens_model_is_refused_clearly():
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from nopeinterp._tl import tl_deprecation_silenced
+
+    cfg = HookedTransformerConfig(
+        n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=16, d_vocab=20, act_fn="relu",
+        positional_embedding_type="rotary",
+    )  # fmt: skip
+    with tl_deprecation_silenced():
+        stock = HookedTransformer(cfg)
+    with pytest.raises(ValueError, match="nopeinterp's own rotary layers"):
+        set_rope_scaling(stock, {"rope_type": "yarn", "factor": 2.0})

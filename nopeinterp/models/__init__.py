@@ -175,6 +175,11 @@ def set_rope_scaling(model: PETransformer, rope_scaling: dict | None) -> PETrans
     """Use RoPE scaling (transformers' rope_parameters spelling, e.g. {"rope_type": "yarn",
     "factor": 4.0, "original_max_position_embeddings": 64}; None or "default": none) in every
     rotary layer of `model`, without retraining. Returns the model (changed in place)."""
+    if not isinstance(model, PETransformer):
+        raise ValueError(
+            "rope_scaling applies to nopeinterp's own rotary layers (our models, SmolLM3); "
+            f"this is a {type(model).__name__} (a Llama 3 model brings its own scaling)"
+        )
     rotary_layers = [b.attn for b in model.blocks if getattr(b.attn, "rotary", False)]
     if not rotary_layers:
         raise ValueError(
