@@ -40,3 +40,20 @@ def test_bench_probe_quick():
     pytest.importorskip("sklearn")  # the bench extra; CI does not install it
     mod = importlib.import_module("bench.probe")
     check_rows(mod.run(quick=True))
+
+
+def test_outside_rss_quick():
+    """bench.scaling --outside end to end at two short lengths (its child processes run the
+    real CLI), and its summary rows: growth between lengths against one layer's attention."""
+    scaling = importlib.import_module("bench.scaling")
+    records = scaling.outside_rss((16, 32))
+    assert [(r["kind"], r["length"]) for r in records] == [
+        ("probe-distance", 16), ("compare-attention", 16),
+        ("probe-distance", 32), ("compare-attention", 32),
+    ]  # fmt: skip
+    rows = scaling.outside_summary(records)
+    check_rows(rows)
+    first = rows[0]
+    grew = (records[2]["growth_kib"] - records[0]["growth_kib"]) / 1024
+    assert first["ours"] == pytest.approx(grew)
+    assert first["baseline"] == pytest.approx(16 * (32**2 - 16**2) * 4 / 2**20)
