@@ -20,6 +20,19 @@ def batches_by_length(s: Sequences, batch_size: int) -> list[torch.Tensor]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+def plan_batches(s: Sequences, batch_size: int, items: list, item_bytes, *, max_cache_mb: float):
+    """[(batch index, width t, [chunk of items])]: the batches of `batches_by_length` and, per
+    batch, `items` in chunks whose caches fit `max_cache_mb` (at least one item per chunk),
+    an item costing `item_bytes(n_sequences, t)`."""
+    lens = s.attention_mask.sum(1)
+    plan = []
+    for idx in batches_by_length(s, batch_size):
+        t = int(lens[idx].max())
+        k = max(1, int(max_cache_mb * 2**20 // max(item_bytes(len(idx), t), 1)))
+        plan.append((idx, t, [items[i : i + k] for i in range(0, len(items), k)]))
+    return plan
+
+
 def stream(
     model,
     s: Sequences,
@@ -40,15 +53,11 @@ def stream(
     are split over several passes of that batch, so memory is bounded by the budget rather
     than by the number of layers. Sequences are batched in order of length (less padding).
     """
-    lens = s.attention_mask.sum(1)
     groups = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in hook_names.items()}
     keys = sorted(groups, key=lambda k: max(block_of(n) for n in groups[k]))
-    plan = []
-    for idx in batches_by_length(s, batch_size):
-        t = int(lens[idx].max())
-        per_hook = bytes_per_item(t) * len(idx)
-        k = max(1, int(max_cache_mb * 2**20 // max(per_hook, 1)))
-        plan.append((idx, t, [keys[i : i + k] for i in range(0, len(keys), k)]))
+    plan = plan_batches(
+        s, batch_size, keys, lambda n, t: bytes_per_item(t) * n, max_cache_mb=max_cache_mb
+    )
     total = sum(len(chunks) for _, _, chunks in plan)
     with (
         torch.inference_mode(),
@@ -183,14 +192,13 @@ def attention_batches(
     """Yield (batch index [b], attention mask [b, t], AttentionRows, its layers) over `s`,
     batch by batch (longest first) and, within a batch, in groups of layers whose caches fit
     `max_cache_mb` (at least one layer per group)."""
-    lens = s.attention_mask.sum(1)
-    layers = sorted(layers)
-    plan = []
-    for idx in batches_by_length(s, batch_size):
-        t = int(lens[idx].max())
-        per_layer = AttentionRows.layer_bytes(model, len(idx), t, scores)
-        k = max(1, int(max_cache_mb * 2**20 // max(per_layer, 1)))
-        plan.append((idx, t, [layers[i : i + k] for i in range(0, len(layers), k)]))
+    plan = plan_batches(
+        s,
+        batch_size,
+        sorted(layers),
+        lambda n, t: AttentionRows.layer_bytes(model, n, t, scores),
+        max_cache_mb=max_cache_mb,
+    )
     total = sum(len(groups) for _, _, groups in plan)
     with progress_bar(total=total, desc=desc, disable=not progress, leave=False) as bar:
         for idx, t, groups in plan:

@@ -101,6 +101,14 @@ class DistanceDesign:
         self.add(used_cells(valid, row0), sign)
         return self
 
+    def update_batch(self, valid, blocks, n_pos: int) -> DistanceDesign:
+        """Add one batch, block by block: `valid(start, stop)` -> [B, R, stop] for each
+        (start, stop) in `blocks` (its rows over keys 0..stop-1)."""
+        self.reserve(n_pos)
+        for r0, r1 in blocks:
+            self.update_rows(valid(r0, r1), r0)
+        return self
+
     def add(self, sk_used: torch.Tensor, sign: int = 1) -> None:
         """sk_used [B, R, D] (query row, distance) from `used_cells`."""
         N = sk_used.shape[-1]
@@ -461,9 +469,7 @@ def distance_dependence(
                 return real[:, r0:r1, None] & real[:, None, :r1]
 
             if group[0] == layers[0]:  # a new batch (its first group of layers)
-                design.reserve(mask.shape[1])
-                for r0, r1 in blocks:
-                    design.update_rows(valid(r0, r1), r0)
+                design.update_batch(valid, blocks, mask.shape[1])
             for layer in group:
                 stats[layer].reserve(mask.shape[1])
                 for r0, r1 in blocks:

@@ -230,9 +230,7 @@ def _attention_stats(
                 )
 
             if with_scores and group[0] == layers[0]:  # a new batch (its first group)
-                design.reserve(mask.shape[1])
-                for r0, r1 in blocks:
-                    design.update_rows(valid(r0, r1), r0)
+                design.update_batch(valid, blocks, mask.shape[1])
             for layer in group:
                 pst, dst = stats[layer]
                 if with_scores:
