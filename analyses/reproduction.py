@@ -3,6 +3,7 @@
     python analyses/reproduction.py search          # the 30 LR-search runs (validation only)
     python analyses/reproduction.py grid --lr 1e-3  # seed 0 of all 50 (split, PE), then 1, 2
     python analyses/reproduction.py table [--lr X]  # search summary; run table + comparison
+    python analyses/reproduction.py analyse --lr X  # probes, distance, attention on mdlen, len
 
 Every run uses `--preset repro` (nopeinterp/training/presets.py) with the learning rate passed
 explicitly. Checkpoints go under runs/reproduction/lr=<lr>/ (git-ignored); each finished run's
@@ -25,7 +26,8 @@ import pandas as pd
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.paper import FIVE_PES
 from nopeinterp.tasks import PAPER_SPLITS
-from nopeinterp.training.sweep import RECORD, run_sweep
+from nopeinterp.training.sweep import CHECKPOINT, RECORD, grid, run_name, run_sweep
+from nopeinterp.zoo import checkpoint_name
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "reproduction"
@@ -34,6 +36,7 @@ PRESET = "repro"
 SEARCH_LRS = (3e-4, 1e-3, 3e-3)
 SEARCH_SPLITS = ("cmc", "mdlen")
 SEEDS = (0, 1, 2)
+ANALYSED_SPLITS = ("mdlen", "len")  # the protocol's mechanistic analyses run on these
 DID_NOT_TRAIN = 0.90  # best validation accuracy below this: "did not train"
 TIE = 0.01  # LR criterion: within this of the best mean, the smallest rate wins
 
@@ -75,16 +78,67 @@ def _sweep(splits, seeds, lr: float, test: str, workers: int) -> dict:
     )
 
 
+def split_runs(split: str, seeds=None) -> list:
+    """The grid's RunSpecs of one paper split (every PE; `seeds`, default all), in sweep order."""
+    return grid([task_spec(split)], FIVE_PES, SEEDS if seeds is None else seeds)
+
+
+def zoo_folder(lr: float, split: str) -> tuple[Path, list[str]]:
+    """A folder of the finished runs of one split at `lr`, linked under the zoo's names
+    (`scan-nope.pt`, `scan-t5-seed1.pt`, ...), so the analysis scripts read them as they read
+    checkpoints/. Returns the folder and the runs not finished yet (not linked)."""
+    dest = RUNS / "zoo" / lr_folder(lr) / split
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.glob("*.pt"):
+        old.unlink()
+    missing = []
+    for spec in split_runs(split):
+        run = RUNS / lr_folder(lr) / run_name(spec)
+        if not (run / RECORD).exists() or not (run / CHECKPOINT).exists():
+            missing.append(run_name(spec))
+            continue
+        link = dest / f"{checkpoint_name(spec.task, spec.pe, spec.seed)}.pt"
+        link.symlink_to(run / CHECKPOINT)
+    return dest, missing
+
+
+def analyse(lr: float, splits=ANALYSED_SPLITS, quick: bool = False) -> None:
+    """Position probes, distance dependence and attention similarity (the scripts of
+    analyses/, unchanged) on the finished grid runs of each split, into
+    analyses/results/reproduction/analyses/lr=<lr>/<split>/."""
+    import attention_similarity
+    import distance_dependence
+    import position_probes
+
+    for split in splits:
+        if split not in PAPER_SPLITS:
+            raise NopeinterpError(f"unknown split {split!r}; choose from {', '.join(PAPER_SPLITS)}")
+    for split in splits:
+        folder, missing = zoo_folder(lr, split)
+        if not any(folder.glob("*.pt")):
+            print(f"{split}: no finished run at lr={lr:g} yet, nothing to analyse", flush=True)
+            continue
+        if missing:
+            print(f"{split}: {len(missing)} runs not finished, analysed without them", flush=True)
+        out = RECORDS / "analyses" / lr_folder(lr) / split
+        args = ["--checkpoints", str(folder), "--out", str(out), *(["--quick"] if quick else [])]
+        task = PAPER_SPLITS[split].task_name
+        position_probes.main(args)
+        distance_dependence.main(args)
+        attention_similarity.main([*args, "--task", task])
+
+
 def restore_search_records(lr: float) -> list[str]:
     """Put each committed search record back in its run folder where that folder has none.
 
     On a new machine runs/ is empty; the search decodes no test set, so a committed record is
     the whole result of its run and the sweep then skips it instead of training it again.
     (The grid still needs the checkpoint of a search run it reuses.)"""
+    search_runs = {run_name(spec) for split in SEARCH_SPLITS for spec in split_runs(split, [0])}
     restored = []
     for path in sorted((RECORDS / lr_folder(lr)).glob("*.json")):
         run = path.stem
-        if any(run.startswith(task_spec(s).replace(":", ".")) for s in SEARCH_SPLITS):
+        if run in search_runs:
             dest = RUNS / lr_folder(lr) / run / RECORD
             if not dest.exists():
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -197,12 +251,18 @@ def main(argv=None) -> int:
     g.add_argument("--workers", type=int, default=1)
     t = sub.add_parser("table")
     t.add_argument("--lr", type=float, default=None)
+    a = sub.add_parser("analyse")
+    a.add_argument("--lr", type=float, required=True)
+    a.add_argument("--splits", nargs="+", default=list(ANALYSED_SPLITS))
+    a.add_argument("--quick", action="store_true", help="few examples: a smoke run")
     args = p.parse_args(argv)
     try:
         if args.command == "search":
             search(args.workers)
         elif args.command == "grid":
             run_grid(args.lr, args.workers)
+        elif args.command == "analyse":
+            analyse(args.lr, args.splits, args.quick)
         else:
             table(args.lr)
     except NopeinterpError as e:

@@ -254,3 +254,19 @@ def test_no_bos_through_model_training_and_evaluation(tmp_path):
     assert a == b
     table = evaluate(ckpt, lengths=[26], n=3, progress=False).table
     assert table["n"].tolist() == [3] and table["split"].tolist() == ["OOD"]
+    # a second model built from this model's tokenizer (random_init_like, the probes'
+    # control) must not go to the Hub for a "bos-enabled" copy
+    import transformers
+
+    from nopeinterp.models.fresh import random_init_like
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("AutoTokenizer.from_pretrained called: a Hub fetch")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(transformers.AutoTokenizer, "from_pretrained", no_hub)
+        fresh = random_init_like(model, 1)
+    assert (
+        not adds_bos(fresh.tokenizer)
+        and fresh.to_tokens("jump twice")[0].tolist() == toks[0, :2].tolist()
+    )

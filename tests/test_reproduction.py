@@ -144,3 +144,34 @@ def test_search_restores_committed_records_on_a_new_machine(tmp_path, monkeypatc
     assert json.loads(restored.read_text()) == {"val_accuracy": 0.5}
     assert not (runs / "lr=0.001" / "copy.variant=rsc-nope-seed0").exists()
     assert repro.restore_search_records(1e-3) == []  # a folder with a record is left alone
+
+
+def test_analyse_runs_the_analyses_on_finished_grid_runs(tmp_path, monkeypatch):
+    """`analyse` links the finished runs of a split under the zoo's names and runs the three
+    analysis scripts on them; here on `len`, SCAN without any start token."""
+    monkeypatch.syspath_prepend(str(ROOT / "analyses"))
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    monkeypatch.setattr(repro, "RUNS", runs)
+    monkeypatch.setattr(repro, "RECORDS", records)
+    monkeypatch.setattr(repro, "FIVE_PES", ("nope", "t5"))
+    monkeypatch.setattr(repro, "SEEDS", (0, 1))
+    tiny = {**SMALL, "task_options": {}}
+    out = runs / repro.lr_folder(1e-3)
+    assert run_sweep(
+        [repro.task_spec("len")], ["nope", "t5"], [0], out, preset="tiny", overrides=tiny,
+        test="none",
+    ) == {"scan.variant=len-nope-seed0": "finished", "scan.variant=len-t5-seed0": "finished"}  # fmt: skip
+
+    folder, missing = repro.zoo_folder(1e-3, "len")
+    assert sorted(p.name for p in folder.glob("*.pt")) == ["scan-nope.pt", "scan-t5.pt"]
+    assert missing == ["scan.variant=len-nope-seed1", "scan.variant=len-t5-seed1"]
+    assert load_checkpoint(folder / "scan-nope.pt").meta["task_options"] == {"variant": "len"}
+
+    repro.analyse(1e-3, ["len"], quick=True)
+    written = records / "analyses" / "lr=0.001" / "len"
+    probes = pd.read_csv(written / "position_probes.csv")
+    assert set(probes["pe"]) == {"nope", "t5"} and set(probes["task"]) == {"scan"}
+    assert set(pd.read_csv(written / "distance_dependence.csv")["pe"]) == {"nope", "t5"}
+    assert "t5" in set(pd.read_csv(written / "attention_similarity.csv")["ref"])
+    with pytest.raises(NopeinterpError, match="unknown split"):
+        repro.analyse(1e-3, ["nosuch"])

@@ -21,6 +21,7 @@ when nothing needs the explicit scores or pattern; see `PEAttention.fused_ok`.
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import torch
@@ -37,6 +38,7 @@ from nopeinterp._tl import (
     get_offset_position_ids,
     tl_deprecation_silenced,
 )
+from nopeinterp.tasks.tokenizer import adds_bos
 
 
 def relative_distance(q_len: int, k_len: int, device=None) -> torch.Tensor:
@@ -453,6 +455,13 @@ class PETransformer(HookedTransformer):
         cfg.positional_embedding_type = (
             "rotary" if any(spec.rotary for spec in specs) else "standard"
         )
+        if tokenizer is not None and tokenizer.bos_token is not None and not adds_bos(tokenizer):
+            # TransformerLens sets bos_token = eos_token on a tokenizer that adds no start token
+            # (a task built with bos=False); given such a tokenizer again (a second model from
+            # this one's tokenizer), it would fetch a "bos-enabled" copy from the Hub. A copy
+            # without bos_token is kept as it is.
+            tokenizer = copy.deepcopy(tokenizer)
+            tokenizer.bos_token = None
         with tl_deprecation_silenced():
             super().__init__(cfg, tokenizer=tokenizer)
         self.layer_pe = layer_pe
