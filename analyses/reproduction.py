@@ -161,10 +161,10 @@ def run_grid(lr: float, workers: int = 1) -> None:
         _sweep(list(PAPER_SPLITS), [seed], lr, "eval_set", workers)
 
 
-def records(root: Path = RECORDS) -> pd.DataFrame:
-    """One row per committed record: the protocol's per-run fields."""
+def records(root: Path | None = None) -> pd.DataFrame:
+    """One row per committed record (default: under RECORDS): the protocol's per-run fields."""
     rows = []
-    for path in sorted(root.glob("lr=*/*.json")):
+    for path in sorted((RECORDS if root is None else root).glob("lr=*/*.json")):
         r = json.loads(path.read_text())
         rows.append(
             {
@@ -183,7 +183,8 @@ def records(root: Path = RECORDS) -> pd.DataFrame:
             }
         )
     cols = ["lr", "split", "pe", "seed", "ood_accuracy", "val_accuracy", "best_step", "steps"]
-    return pd.DataFrame(rows, columns=[*cols, "test_items", "val_items", "wall_time_s"])
+    extra = ["test_items", "val_items", "wall_time_s", "did_not_train"]
+    return pd.DataFrame(rows, columns=[*cols, *extra])
 
 
 def search_summary(runs: pd.DataFrame) -> tuple[pd.DataFrame, float | None]:
@@ -206,39 +207,77 @@ def search_summary(runs: pd.DataFrame) -> tuple[pd.DataFrame, float | None]:
     return table, float(table.loc[table["mean"] >= best - TIE - 1e-12, "lr"].min())
 
 
-def table(lr: float | None = None) -> None:
+def run_grid_table(runs: pd.DataFrame, lr: float) -> pd.DataFrame:
+    """Every run of the grid at `lr` (150 rows), with its status: done, no test, missing."""
+    full = pd.MultiIndex.from_product([list(PAPER_SPLITS), FIVE_PES, SEEDS]).to_frame(
+        index=False, name=["split", "pe", "seed"]
+    )
+    grid_runs = full.merge(runs[runs["lr"] == lr], on=["split", "pe", "seed"], how="left")
+    grid_runs["status"] = "missing"
+    grid_runs.loc[grid_runs["val_accuracy"].notna(), "status"] = "no test"
+    grid_runs.loc[grid_runs["ood_accuracy"].notna(), "status"] = "done"
+    return grid_runs
+
+
+def complete_cells(grid_runs: pd.DataFrame) -> pd.DataFrame:
+    """The done runs of the (split, seed) cells that have all five PEs: what the comparison
+    with the paper uses (an MRR cell needs every PE)."""
+    done = grid_runs[grid_runs["status"] == "done"]
+    complete = done.groupby(["split", "seed"])["pe"].transform("nunique") == len(FIVE_PES)
+    return done[complete]
+
+
+def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
+    """Print and write the search summary, the grid's run table and the comparison with the
+    paper (on complete cells) into `out` (default analyses/results/reproduction/tables/)."""
+    from _common import print_written, write_figure, write_table
+
+    from nopeinterp.paper import compare_with_paper
+
     runs = records()
     if runs.empty:
         raise NopeinterpError(f"{RECORDS}: no records yet")
+    out = Path(out) if out is not None else RECORDS / "tables"
     summary, chosen = search_summary(runs)
     print("LR search (mean best validation exact match over its 10 runs):")
     print(summary.to_string(index=False))
     print(f"chosen rate: {chosen if chosen is not None else 'not yet (search incomplete)'}")
+    note = f"Chosen rate: {chosen:g}." if chosen is not None else "Search incomplete."
+    paths = write_table(summary, out, "lr_search", title="LR search", notes=note)
     if lr is None:
         lr = chosen
     if lr is None:
-        return
-    grid = runs[runs["lr"] == lr]
-    full = pd.MultiIndex.from_product([list(PAPER_SPLITS), FIVE_PES, SEEDS]).to_frame(
-        index=False, name=["split", "pe", "seed"]
-    )
-    grid = full.merge(grid, on=["split", "pe", "seed"], how="left")
-    grid["status"] = "missing"
-    grid.loc[grid["val_accuracy"].notna(), "status"] = "no test"
-    grid.loc[grid["ood_accuracy"].notna(), "status"] = "done"
-    print(f"\nruns at lr={lr:g}: {dict(grid['status'].value_counts())}")
-    print(grid.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    done = grid[grid["status"] == "done"]
-    complete = done.groupby(["split", "seed"])["pe"].transform("nunique") == len(FIVE_PES)
-    ours = done[complete]
+        print_written(paths)
+        return paths
+    grid_runs = run_grid_table(runs, lr)
+    status = {k: int(v) for k, v in grid_runs["status"].value_counts().items()}
+    print(f"\nruns at lr={lr:g}: {status}")
+    print(grid_runs.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    out = out / lr_folder(lr)
+    hours = grid_runs["wall_time_s"].sum() / 3600
+    paths += write_table(
+        grid_runs, out, "runs", title=f"Grid runs at lr={lr:g}",
+        notes=f"Status {status}; {hours:.1f} h of run wall time in all.",
+    )  # fmt: skip
+    ours = complete_cells(grid_runs)
     if ours.empty:
         print("\nno complete (split, seed) cell yet: no comparison with the paper")
-        return
-    from nopeinterp.paper import compare_with_paper
-
+        print_written(paths)
+        return paths
     comparison = compare_with_paper(ours[["split", "pe", "seed", "ood_accuracy"]].copy())
-    print(f"\ncompared on complete cells only ({len(ours)} runs):")
-    print(comparison.table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    not_trained = ours.groupby(["split", "pe"])["did_not_train"].sum().rename("did_not_train_ours")
+    comparison.table = comparison.table.merge(not_trained.reset_index(), on=["split", "pe"])
+    cells = ours.groupby("split")["seed"].nunique().to_dict()
+    print(f"\ncompared on complete (split, seed) cells only ({len(ours)} runs; seeds {cells}):")
+    for name, df in comparison.tables().items():
+        print(f"\n{name}:\n" + df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        paths += write_table(
+            df, out, name, title=name.replace("_", " "),
+            notes=f"Complete (split, seed) cells only; seeds per split: {cells}.",
+        )  # fmt: skip
+    paths += write_figure(comparison.figure(), out, "paper_comparison_mrr")
+    print_written(paths)
+    return paths
 
 
 def main(argv=None) -> int:
@@ -251,6 +290,9 @@ def main(argv=None) -> int:
     g.add_argument("--workers", type=int, default=1)
     t = sub.add_parser("table")
     t.add_argument("--lr", type=float, default=None)
+    t.add_argument(
+        "--out", type=Path, default=None, help="default analyses/results/reproduction/tables"
+    )
     a = sub.add_parser("analyse")
     a.add_argument("--lr", type=float, required=True)
     a.add_argument("--splits", nargs="+", default=list(ANALYSED_SPLITS))
@@ -264,7 +306,7 @@ def main(argv=None) -> int:
         elif args.command == "analyse":
             analyse(args.lr, args.splits, args.quick)
         else:
-            table(args.lr)
+            table(args.lr, args.out)
     except NopeinterpError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -236,18 +236,41 @@ def mean_reciprocal_rank(
     )
 
 
+def mrr_separation(mrr: pd.DataFrame) -> pd.DataFrame:
+    """The protocol's decision rule on an MRR table (``mean_reciprocal_rank``, optionally with
+    a ``side`` column): per pair of PEs (and side), "A above B" only if A's interval lies wholly
+    above B's, else "not separated". Columns: [side,] pe_a, pe_b, verdict; pairs by MRR order."""
+    rows = []
+    groups = mrr.groupby("side", sort=False) if "side" in mrr else [(None, mrr)]
+    for side, g in groups:
+        g = g.sort_values("mrr", ascending=False, kind="stable").reset_index(drop=True)
+        if g[["ci_low", "ci_high"]].isna().any().any():
+            raise ComparisonError("MRR separation needs bootstrap intervals (n_boot > 0)")
+        for i in range(len(g)):
+            for j in range(i + 1, len(g)):
+                a, b = g.iloc[i], g.iloc[j]
+                above = a["ci_low"] > b["ci_high"]
+                verdict = f"{a['pe']} above {b['pe']}" if above else "not separated"
+                row = {"pe_a": a["pe"], "pe_b": b["pe"], "verdict": verdict}
+                rows.append({"side": side, **row} if side is not None else row)
+    cols = ["side"] * ("side" in mrr) + ["pe_a", "pe_b", "verdict"]
+    return pd.DataFrame(rows, columns=cols)
+
+
 @dataclass(repr=False)
 class PaperComparison(Result):
     """Ours beside the paper's. ``table``: per (split, pe) the OOD accuracy mean [min, max]
     over seeds and the PE's rank, ours and the paper's. ``agreement``: Kendall's tau per split.
-    ``mrr``: per PE and side, MRR over the identical split set with its bootstrap interval."""
+    ``mrr``: per PE and side, MRR over the identical split set with its bootstrap interval.
+    ``separation``: which PEs the intervals separate (``mrr_separation``; empty without them)."""
 
     agreement: pd.DataFrame = field(default_factory=pd.DataFrame)
     mrr: pd.DataFrame = field(default_factory=pd.DataFrame)
+    separation: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     name: ClassVar[str] = "paper_comparison"
     title: ClassVar[str] = "OOD accuracy: ours vs the paper's"
-    extra_tables: ClassVar[tuple[str, ...]] = ("agreement", "mrr")
+    extra_tables: ClassVar[tuple[str, ...]] = ("agreement", "mrr", "separation")
 
     def figure(self):
         import plotly.graph_objects as go
@@ -280,6 +303,7 @@ class PaperComparison(Result):
         return [
             (self.title, self.figure()),
             ("MRR", self.mrr),
+            ("Which PEs the MRR intervals separate", self.separation),
             ("Rank agreement per split", self.agreement),
             ("Per split and PE", self.table),
         ]
@@ -297,7 +321,8 @@ def compare_with_paper(
 ) -> PaperComparison:
     """Compare our run table with the paper's (default ``paper_runs()``) on the splits both
     have (or ``splits``, which must all be in both): summaries, ranks, Kendall's tau and MRR,
-    each side computed by the same functions."""
+    each side computed by the same functions. The MRR leaves out the splits the paper's MRR
+    left out (``PAPER_MRR_EXCLUDED``: ``len`` is reported per split only)."""
     paper = paper_runs() if paper is None else paper
     check_runs(ours), check_runs(paper)
     shared = [s for s in ours["split"].unique() if s in set(paper["split"])]
@@ -318,10 +343,13 @@ def compare_with_paper(
     table = summary["ours"].merge(
         summary["paper"], on=["split", "pe"], how="outer", suffixes=("_ours", "_paper")
     )
+    mrr_splits = [s for s in shared if s not in PAPER_MRR_EXCLUDED]
+    if not mrr_splits:
+        raise ComparisonError(f"no split for the MRR: {PAPER_MRR_EXCLUDED} are left out of it")
     mrr = pd.concat(
         [
             mean_reciprocal_rank(
-                v, splits=shared, pes=pes, tie_order=tie_order, n_boot=n_boot, seed=seed
+                v, splits=mrr_splits, pes=pes, tie_order=tie_order, n_boot=n_boot, seed=seed
             ).assign(side=k)
             for k, v in sides.items()
         ],
@@ -329,7 +357,8 @@ def compare_with_paper(
     )
     meta = {
         "splits": shared,
-        "n_splits": len(shared),
+        "mrr_splits": mrr_splits,
+        "n_splits": len(mrr_splits),
         "pes": list(pes),
         "tie_order": list(tie_order),
         "n_boot": n_boot,
@@ -337,4 +366,7 @@ def compare_with_paper(
         "bootstrap_unit": "(split, seed) cell",
     }
     agreement = rank_agreement(ours, paper, splits=shared, pes=pes)
-    return PaperComparison(table=table, meta=meta, agreement=agreement, mrr=mrr)
+    separation = mrr_separation(mrr) if n_boot else pd.DataFrame()
+    return PaperComparison(
+        table=table, meta=meta, agreement=agreement, mrr=mrr, separation=separation
+    )

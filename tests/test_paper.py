@@ -27,6 +27,7 @@ from nopeinterp.paper import (
     compare_with_paper,
     kendall_tau,
     mean_reciprocal_rank,
+    mrr_separation,
     ood_summary,
     paper_runs,
     pe_ranks,
@@ -214,6 +215,13 @@ def test_compare_with_paper(paper, tmp_path):
     res.figure()
     with pytest.raises(ComparisonError, match="not in both"):
         compare_with_paper(ours, splits=["cmc", "len"])
+    # len is compared per split but left out of the MRR, as the paper left it out
+    with_len = paper[paper["split"].isin(["cmc", "len"])]
+    res = compare_with_paper(with_len, n_boot=0)
+    assert set(res.table["split"]) == {"cmc", "len"} and res.meta["mrr_splits"] == ["cmc"]
+    assert (res.mrr["n_splits"] == 1).all() and (res.mrr["n_cells"] == 3).all()
+    with pytest.raises(ComparisonError, match="no split for the MRR"):
+        compare_with_paper(paper[paper["split"] == "len"], n_boot=0)
 
 
 @pytest.mark.parametrize(
@@ -228,3 +236,27 @@ def test_compare_with_paper(paper, tmp_path):
 def test_bad_run_tables(paper, bad):
     with pytest.raises(NopeinterpError):
         mean_reciprocal_rank(bad(paper.copy()))
+
+
+def test_mrr_separation_follows_the_decision_rule():
+    mrr = pd.DataFrame(
+        {
+            "pe": ["a", "b", "c"],
+            "mrr": [0.9, 0.5, 0.45],
+            "ci_low": [0.8, 0.4, 0.3],
+            "ci_high": [0.95, 0.6, 0.55],
+        }
+    )
+    sep = mrr_separation(mrr)
+    assert sep.to_dict("records") == [
+        {"pe_a": "a", "pe_b": "b", "verdict": "a above b"},
+        {"pe_a": "a", "pe_b": "c", "verdict": "a above c"},
+        {"pe_a": "b", "pe_b": "c", "verdict": "not separated"},  # intervals overlap
+    ]
+    # touching intervals do not separate; per side when there is a side column
+    two = pd.concat([mrr.assign(side="ours"), mrr.assign(side="paper", ci_low=[0.6, 0.4, 0.3])])
+    sep = mrr_separation(two)
+    assert list(sep["side"]) == ["ours"] * 3 + ["paper"] * 3
+    assert sep[sep["side"] == "paper"]["verdict"].tolist()[0] == "not separated"
+    with pytest.raises(ComparisonError, match="intervals"):
+        mrr_separation(mrr.assign(ci_low=np.nan))

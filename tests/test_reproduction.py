@@ -175,3 +175,40 @@ def test_analyse_runs_the_analyses_on_finished_grid_runs(tmp_path, monkeypatch):
     assert "t5" in set(pd.read_csv(written / "attention_similarity.csv")["ref"])
     with pytest.raises(NopeinterpError, match="unknown split"):
         repro.analyse(1e-3, ["nosuch"])
+
+
+def test_table_writes_the_comparison_from_committed_records(tmp_path, monkeypatch, capsys):
+    """Records made from the paper's own runs (seeds renamed 0, 1, 2) at one rate: the tables
+    written must give both sides the same numbers, incomplete cells stay out, and len is in the
+    per-split table but not in the MRR."""
+    from nopeinterp.paper import paper_runs
+
+    monkeypatch.syspath_prepend(str(ROOT / "analyses"))
+    records = tmp_path / "records"
+    monkeypatch.setattr(repro, "RECORDS", records)
+    seed_of = {s: i for i, s in enumerate(sorted(paper_runs()["seed"].unique()))}
+    paper = paper_runs()[paper_runs()["split"].isin(["cmc", "mdlen", "len"])].copy()
+    paper["seed"] = paper["seed"].map(seed_of)
+    folder = records / "lr=0.001"
+    folder.mkdir(parents=True)
+    for r in paper.itertuples():
+        if (r.split, r.pe, r.seed) == ("mdlen", "t5", 2):
+            continue  # an unfinished run: the cell (mdlen, seed 2) is incomplete
+        rec = {"lr": 1e-3, "split": r.split, "pe": r.pe, "seed": r.seed, "steps": 1500,
+               "ood_accuracy": r.ood_accuracy, "val_accuracy": 0.95, "best_step": 1500,
+               "test_items": 100, "val_items": 50, "run_wall_s": 360.0}  # fmt: skip
+        (folder / f"{r.split}-{r.pe}-seed{r.seed}.json").write_text(json.dumps(rec))
+    paths = repro.table(1e-3, tmp_path / "tables")
+    assert "chosen rate: not yet" in capsys.readouterr().out
+    written = tmp_path / "tables" / "lr=0.001"
+    runs = pd.read_csv(written / "runs.csv")
+    assert len(runs) == 150 and (runs["status"] == "done").sum() == 44
+    table = pd.read_csv(written / "paper_comparison.csv")
+    assert set(table["split"]) == {"cmc", "mdlen", "len"}
+    whole = table[table["split"] != "mdlen"]
+    assert whole["mean_ours"].to_numpy() == pytest.approx(whole["mean_paper"].to_numpy())
+    assert table.loc[table["split"] == "mdlen", "n_seeds_ours"].eq(2).all()  # seed 2 left out
+    mrr = pd.read_csv(written / "paper_comparison_mrr.csv")
+    assert set(mrr["n_splits"]) == {2}  # cmc and mdlen; len is left out of the MRR
+    assert (mrr.loc[mrr["side"] == "ours", "n_cells"] == 5).all()
+    assert {p.name for p in paths} >= {"paper_comparison_agreement.md", "lr_search.csv"}
