@@ -179,11 +179,12 @@ def records(root: Path | None = None) -> pd.DataFrame:
                 "test_items": r.get("test_items"),
                 "val_items": r.get("val_items"),
                 "wall_time_s": r.get("run_wall_s"),
+                "test_wall_s": r.get("test_wall_s"),
                 "did_not_train": r["val_accuracy"] < DID_NOT_TRAIN,
             }
         )
     cols = ["lr", "split", "pe", "seed", "ood_accuracy", "val_accuracy", "best_step", "steps"]
-    extra = ["test_items", "val_items", "wall_time_s", "did_not_train"]
+    extra = ["test_items", "val_items", "wall_time_s", "test_wall_s", "did_not_train"]
     return pd.DataFrame(rows, columns=[*cols, *extra])
 
 
@@ -254,10 +255,11 @@ def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
     print(f"\nruns at lr={lr:g}: {status}")
     print(grid_runs.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     out = out / lr_folder(lr)
-    hours = grid_runs["wall_time_s"].sum() / 3600
+    hours = (grid_runs["wall_time_s"].sum() + grid_runs["test_wall_s"].sum()) / 3600
     paths += write_table(
         grid_runs, out, "runs", title=f"Grid runs at lr={lr:g}",
-        notes=f"Status {status}; {hours:.1f} h of run wall time in all.",
+        notes=f"Status {status}; {hours:.1f} h of run wall time in all (training and test "
+        "decoding; test time recorded from 2026-12-03 on).",
     )  # fmt: skip
     ours = complete_cells(grid_runs)
     if ours.empty:

@@ -131,8 +131,14 @@ def test_sweep_interrupted_and_rerun_finishes_each_run_once_and_shards_agree(tmp
     first = run_sweep(**GRID, out=a, workers=2, overrides={**STEPS, "stop_after": 4})
     assert set(first) == names and set(first.values()) == {"interrupted"}
     assert not list(a.rglob("record.json")) and len(list(a.rglob("*.state.pt"))) == 4
+    # the training time saved before the interruption counts in the record's run_wall_s
+    state_path = sorted(a.rglob("*.state.pt"))[0]
+    state = torch.load(state_path, weights_only=True)
+    torch.save({**state, "wall": 1000.0}, state_path)
     second = run_sweep(**GRID, out=a, workers=2, overrides=STEPS)
     assert set(second.values()) == {"finished"}
+    record = json.loads((state_path.parent / "record.json").read_text())
+    assert 1000 < record["run_wall_s"] < 1000 + 600
     stamps = {p: p.stat().st_mtime_ns for p in a.rglob("record.json")}
     third = run_sweep(**GRID, out=a, workers=2, overrides=STEPS)
     assert set(third.values()) == {"skipped"}

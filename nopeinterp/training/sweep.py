@@ -26,7 +26,9 @@ from nopeinterp.errors import NopeinterpError
 RECORD = "record.json"
 CHECKPOINT = "model.pt"
 # Record fields that differ between two runs of the same spec (timing, machine).
-NONDETERMINISTIC = ("wall_time_s", "run_wall_s", "throughput", "versions", "finished_at")
+NONDETERMINISTIC = (
+    "wall_time_s", "run_wall_s", "test_wall_s", "throughput", "versions", "finished_at"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
     overrides = {**plan.overrides, "task_options": options, "seed": spec.seed, "progress": False}
     cfg = make_config(spec.task, spec.pe, ckpt, preset=plan.preset, **overrides)
     t0 = time.time()
+    resumed_wall = _state_wall(state)
     if state.exists() or not ckpt.exists():
         cfg.resume = True
         try:
@@ -191,7 +194,9 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
         "ood_accuracy": None,
         "test_items": None,
         "wall_time_s": meta.get("wall_time_s", round(time.time() - t0, 1)),
-        "run_wall_s": round(time.time() - t0, 1),  # this call: training (+ resume) to the end
+        # training to the end: this call, plus the saved training time of earlier calls it
+        # resumed (the steps redone after an interruption count once)
+        "run_wall_s": round(resumed_wall + time.time() - t0, 1),
         "throughput": meta.get("throughput"),
         "versions": versions(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -210,6 +215,7 @@ def _test_fields(ckpt: Path, n: int | None, task: str, options: dict) -> dict:
     from nopeinterp.checkpoint import load_checkpoint
     from nopeinterp.evaluation import evaluate
 
+    t0 = time.time()
     checkpoint = load_checkpoint(ckpt)
     lengths = None
     if n is None:  # the test set only: OOD lengths
@@ -230,7 +236,17 @@ def _test_fields(ckpt: Path, n: int | None, task: str, options: dict) -> dict:
         "accuracy": rows,
         "ood_accuracy": sum(r["correct"] for r in ood) / items if items else None,
         "test_items": items,
+        "test_wall_s": round(time.time() - t0, 1),
     }
+
+
+def _state_wall(state: Path) -> float:
+    """Training seconds saved in an interrupted run's state (0 without one)."""
+    if not state.exists():
+        return 0.0
+    import torch
+
+    return float(torch.load(state, map_location="cpu", weights_only=True).get("wall", 0.0))
 
 
 def _add_test(record_path: Path, ckpt: Path) -> bool:
