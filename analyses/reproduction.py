@@ -155,10 +155,16 @@ def search(workers: int = 1) -> None:
         _sweep(SEARCH_SPLITS, [0], lr, "none", workers)
 
 
+def grid_order() -> list[str]:
+    """The splits in the order each seed's round runs them: the two the mechanistic analyses
+    need (mdlen, len) first, so they can start before a round ends; then PAPER_SPLITS order."""
+    return [*ANALYSED_SPLITS, *(s for s in PAPER_SPLITS if s not in ANALYSED_SPLITS)]
+
+
 def run_grid(lr: float, workers: int = 1) -> None:
     """The grid in the protocol's order: seed 0 of every (split, PE), then seed 1, then 2."""
     for seed in SEEDS:
-        _sweep(list(PAPER_SPLITS), [seed], lr, "eval_set", workers)
+        _sweep(grid_order(), [seed], lr, "eval_set", workers)
 
 
 def records(root: Path | None = None) -> pd.DataFrame:

@@ -212,3 +212,8 @@ def test_table_writes_the_comparison_from_committed_records(tmp_path, monkeypatc
     assert set(mrr["n_splits"]) == {2}  # cmc and mdlen; len is left out of the MRR
     assert (mrr.loc[mrr["side"] == "ours", "n_cells"] == 5).all()
     assert {p.name for p in paths} >= {"paper_comparison_agreement.md", "lr_search.csv"}
+
+
+def test_grid_order_runs_the_analysed_splits_first_and_every_split_once():
+    order = repro.grid_order()
+    assert order[:2] == ["mdlen", "len"] and sorted(order) == sorted(PAPER_SPLITS)
