@@ -75,15 +75,15 @@ def erasure_figure(summary: pd.DataFrame):
     """Change in exact match per erased layer, one line per checkpoint (leace solid, random
     dotted), one panel per task and split."""
     import plotly.graph_objects as go
-    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
+
+    from nopeinterp.viz.legend import Legend
 
     tasks = list(dict.fromkeys(summary.task))
     panels = [(t, s) for t in tasks for s in ("ID", "OOD")]
     fig = make_subplots(rows=len(tasks), cols=2, subplot_titles=[f"{t} {s}" for t, s in panels])
     names = list(dict.fromkeys(summary.checkpoint))
-    colors = {n: qualitative.Plotly[i % 10] for i, n in enumerate(names)}
-    shown = set()
+    legend = Legend(names)
     for i, (task, split) in enumerate(panels):
         row, col = i // 2 + 1, i % 2 + 1
         for name, g in summary[summary.task == task].groupby("checkpoint", sort=False):
@@ -94,13 +94,11 @@ def erasure_figure(summary: pd.DataFrame):
                 label = f"{name} {cond}"
                 fig.add_trace(
                     go.Scatter(
-                        x=g.layer, y=g[y], name=label, legendgroup=label,
-                        showlegend=label not in shown, mode="lines+markers",
-                        line=dict(color=colors[name], dash=dash),
+                        x=g.layer, y=g[y], **legend.entry(label), mode="lines+markers",
+                        line=dict(color=legend.color(name), dash=dash),
                     ),
                     row=row, col=col,
                 )  # fmt: skip
-                shown.add(label)
         fig.update_xaxes(title_text="erased layer (0 = embeddings)", dtick=1, row=row, col=col)
         fig.update_yaxes(title_text="change in exact match", row=row, col=col)
     fig.update_layout(

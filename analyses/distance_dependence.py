@@ -65,8 +65,9 @@ def mass_summary(heads: pd.DataFrame) -> pd.DataFrame:
 def score_figure(table: pd.DataFrame):
     """Score per layer per PE: mean over heads (line), max over heads (dotted); ID / OOD."""
     import plotly.graph_objects as go
-    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
+
+    from nopeinterp.viz.legend import Legend
 
     tasks = list(dict.fromkeys(table["task"]))
     splits = list(dict.fromkeys(table["split"]))
@@ -76,10 +77,9 @@ def score_figure(table: pd.DataFrame):
         subplot_titles=[f"{t} {s}" for t in tasks for s in splits],
     )
     names = list(dict.fromkeys(table["checkpoint"]))
-    colors = {n: qualitative.Plotly[i % 10] for i, n in enumerate(names)}
+    legend = Legend(names)
     agg = table.groupby(IDENT + ["split", "layer"], sort=False)["score"].agg(["mean", "max"])
     agg = agg.reset_index()
-    shown = set()
     for row, task in enumerate(tasks, start=1):
         for col, split in enumerate(splits, start=1):
             t = agg[(agg.task == task) & (agg.split == split)]
@@ -88,13 +88,11 @@ def score_figure(table: pd.DataFrame):
                     label = f"{name} ({stat} over heads)"
                     fig.add_trace(
                         go.Scatter(
-                            x=g.layer, y=g[stat], name=label, legendgroup=label,
-                            showlegend=label not in shown, mode="lines+markers",
-                            line=dict(color=colors[name], dash=dash),
+                            x=g.layer, y=g[stat], **legend.entry(label), mode="lines+markers",
+                            line=dict(color=legend.color(name), dash=dash),
                         ),
                         row=row, col=col,
                     )  # fmt: skip
-                    shown.add(label)
             fig.update_xaxes(title_text="layer (block)", dtick=1, row=row, col=col)
             fig.update_yaxes(range=[-0.05, 1.05], row=row, col=col)
     fig.update_layout(
@@ -107,8 +105,9 @@ def score_figure(table: pd.DataFrame):
 def histogram_figure(mass: pd.DataFrame, x: str = "distance", x_title: str = "distance n - m"):
     """Attention mass by `x`, mean over heads: one panel per (task, layer), line per PE."""
     import plotly.graph_objects as go
-    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
+
+    from nopeinterp.viz.legend import Legend
 
     m = mass.groupby(IDENT + ["split", "layer", x], sort=False)["mass"].mean()
     m = m.reset_index()
@@ -118,21 +117,18 @@ def histogram_figure(mass: pd.DataFrame, x: str = "distance", x_title: str = "di
         vertical_spacing=0.2 / max(len(panels), 1),
     )  # fmt: skip
     names = list(dict.fromkeys(m["checkpoint"]))
-    colors = {n: qualitative.Plotly[i % 10] for i, n in enumerate(names)}
-    shown = set()
+    legend = Legend(names)
     for row, (task, layer) in enumerate(panels, start=1):
         t = m[(m.task == task) & (m.layer == layer)]
         for (name, split), g in t.groupby(["checkpoint", "split"], sort=False):
             label = f"{name} ({split})"
             fig.add_trace(
                 go.Scatter(
-                    x=g[x], y=g.mass, name=label, legendgroup=label, mode="lines",
-                    showlegend=label not in shown,
-                    line=dict(color=colors[name], dash="dash" if split == "OOD" else None),
+                    x=g[x], y=g.mass, **legend.entry(label), mode="lines",
+                    line=dict(color=legend.color(name), dash="dash" if split == "OOD" else None),
                 ),
                 row=row, col=1,
             )  # fmt: skip
-            shown.add(label)
         fig.update_yaxes(title_text="attention", row=row, col=1)
     fig.update_xaxes(title_text=x_title, row=len(panels), col=1)
     fig.update_layout(

@@ -29,8 +29,9 @@ SEED_VALUES = ["ID r2", "OOD r2", "ID r2 [random_init]", "OOD r2 [random_init]",
 def figure(table: pd.DataFrame):
     """R2 and MAE per layer: one line per PE (trained solid, random_init dashed), ID / OOD."""
     import plotly.graph_objects as go
-    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
+
+    from nopeinterp.viz.legend import Legend
 
     tasks = list(dict.fromkeys(table["task"]))
     panels = [(t, s) for t in tasks for s in ("ID", "OOD")]
@@ -39,8 +40,7 @@ def figure(table: pd.DataFrame):
         subplot_titles=[f"{t} {s}: {m}" for t, s in panels for m in ("R²", "MAE (positions)")],
     )  # fmt: skip
     names = list(dict.fromkeys(table["checkpoint"]))
-    colors = {n: qualitative.Plotly[i % 10] for i, n in enumerate(names)}
-    shown = set()
+    legend = Legend(names)
     for row, (task, split) in enumerate(panels, start=1):
         for col, metric in enumerate(("r2", "mae"), start=1):
             t = table[(table.task == task) & (table.split == split) & (table.metric == metric)]
@@ -51,14 +51,13 @@ def figure(table: pd.DataFrame):
                 label = name if model == "trained" else f"{name} [random_init]"
                 fig.add_trace(
                     go.Scatter(
-                        x=g.layer, y=g.value, name=label, legendgroup=label,
-                        showlegend=label not in shown,
+                        x=g.layer, y=g.value, **legend.entry(label),
                         mode="lines+markers" if model == "trained" else "lines",
-                        line=dict(color=colors[name], dash=None if model == "trained" else "dash"),
+                        line=dict(color=legend.color(name),
+                                  dash=None if model == "trained" else "dash"),
                     ),
                     row=row, col=col,
                 )  # fmt: skip
-                shown.add(label)
             fig.update_xaxes(title_text="layer (0 = embeddings)", dtick=1, row=row, col=col)
     fig.update_layout(
         title="Linear position probes per layer (dashed: same PE, random init)",

@@ -121,32 +121,28 @@ def similarity_verdict(task: str, ranking: pd.DataFrame) -> str:
 def distance_figure(summary: pd.DataFrame, split: str = "OOD"):
     """Best head's distance R2 per layer, one panel per task, a line per PE."""
     import plotly.graph_objects as go
-    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
+
+    from nopeinterp.viz.legend import Legend
 
     tasks = list(dict.fromkeys(summary["task"]))
     fig = make_subplots(rows=1, cols=max(len(tasks), 1), subplot_titles=tasks, shared_yaxes=True)
-    colors: dict[str, str] = {}
-    shown: set[str] = set()
+    legend = Legend()
     for col, task in enumerate(tasks, start=1):
         t = summary[summary["task"] == task]
         s = split if (t["split"] == split).any() else t["split"].iloc[0]
         for pe, rows in t[t["split"] == s].groupby("pe", sort=False):
-            color = colors.setdefault(pe, qualitative.Plotly[len(colors) % 10])
             fig.add_trace(
                 go.Scatter(
                     x=rows["layer"],
                     y=rows["max_score"],
                     mode="lines+markers",
-                    name=pe,
-                    legendgroup=pe,
-                    showlegend=pe not in shown,
-                    line_color=color,
+                    line_color=legend.color(pe),
+                    **legend.entry(pe),
                 ),
                 row=1,
                 col=col,
             )
-            shown.add(pe)
         fig.update_xaxes(title_text="layer", dtick=1, row=1, col=col)
     fig.update_yaxes(title_text=f"max over heads of distance R2 ({split})", range=[0, 1.02])
     fig.update_layout(title="Distance dependence of the attention logits", height=400)

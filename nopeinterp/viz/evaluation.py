@@ -2,8 +2,9 @@
 training (ID) range of that task shaded."""
 
 import plotly.graph_objects as go
-from plotly.colors import qualitative
 from plotly.subplots import make_subplots
+
+from nopeinterp.viz.legend import Legend
 
 
 def _label(model: str, task: str) -> str:
@@ -24,29 +25,23 @@ def accuracy_figure(table, title="Exact match vs length") -> go.Figure:
         shared_yaxes=True,
         horizontal_spacing=0.06,
     )
-    palette = qualitative.Plotly
-    colors: dict[str, str] = {}
-    shown: set[str] = set()
+    legend = Legend()
     for col, task in enumerate(tasks, start=1):
         rows_t = table if task is None else table[table["task"] == task]
         for model, rows in rows_t.groupby("model", sort=False):
             label = _label(str(model), str(task)) if task is not None else str(model)
-            color = colors.setdefault(label, palette[len(colors) % len(palette)])
             rows = rows.sort_values("length")
             fig.add_trace(
                 go.Scatter(
                     x=rows["length"],
                     y=rows["accuracy"],
                     mode="lines+markers",
-                    name=label,
-                    legendgroup=label,
-                    showlegend=label not in shown,
-                    line_color=color,
+                    line_color=legend.color(label),
+                    **legend.entry(label),
                 ),
                 row=1,
                 col=col,
             )
-            shown.add(label)
         id_lengths = rows_t.loc[rows_t["split"] == "ID", "length"]
         if len(id_lengths):
             fig.add_vrect(
@@ -62,7 +57,6 @@ def accuracy_figure(table, title="Exact match vs length") -> go.Figure:
             )
         not_evaluable = rows_t[~rows_t["evaluable"].astype(bool)]
         if len(not_evaluable):
-            name = "not evaluable (past APE table)"
             fig.add_trace(
                 go.Scatter(
                     x=not_evaluable["length"],
@@ -70,14 +64,11 @@ def accuracy_figure(table, title="Exact match vs length") -> go.Figure:
                     mode="markers",
                     marker_symbol="x",
                     marker_color="red",
-                    name=name,
-                    legendgroup=name,
-                    showlegend=name not in shown,
+                    **legend.entry("not evaluable (past APE table)"),
                 ),
                 row=1,
                 col=col,
             )
-            shown.add(name)
         fig.update_xaxes(title_text="length", row=1, col=col)
     fig.update_yaxes(title_text="exact match", range=[-0.05, 1.05], row=1, col=1)
     fig.update_layout(title=title, height=420)
