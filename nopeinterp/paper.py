@@ -257,20 +257,41 @@ def mrr_separation(mrr: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def tie_counts(runs: pd.DataFrame, *, splits=None, pes=FIVE_PES) -> pd.DataFrame:
+    """Per split: how many complete (split, seed) cells have PEs with equal OOD accuracy
+    (``cells_with_tie``: their ranks then come from the tie order, not the data) and how many
+    have all PEs equal (``cells_all_equal``, e.g. every PE at 0)."""
+    rr = reciprocal_ranks(runs, splits=splits, pes=pes, tie_order=None)
+    rows = []
+    for split, g in rr.groupby("split", sort=False):
+        cells = g.groupby("seed")["ood_accuracy"]
+        rows.append(
+            {
+                "split": split,
+                "cells": cells.ngroups,
+                "cells_with_tie": int((cells.nunique() < cells.size()).sum()),
+                "cells_all_equal": int((cells.nunique() == 1).sum()),
+            }
+        )
+    return pd.DataFrame(rows, columns=["split", "cells", "cells_with_tie", "cells_all_equal"])
+
+
 @dataclass(repr=False)
 class PaperComparison(Result):
     """Ours beside the paper's. ``table``: per (split, pe) the OOD accuracy mean [min, max]
     over seeds and the PE's rank, ours and the paper's. ``agreement``: Kendall's tau per split.
     ``mrr``: per PE and side, MRR over the identical split set with its bootstrap interval.
-    ``separation``: which PEs the intervals separate (``mrr_separation``; empty without them)."""
+    ``separation``: which PEs the intervals separate (``mrr_separation``; empty without them).
+    ``ties``: per side and split, the cells whose ranks rest on ties (``tie_counts``)."""
 
     agreement: pd.DataFrame = field(default_factory=pd.DataFrame)
     mrr: pd.DataFrame = field(default_factory=pd.DataFrame)
     separation: pd.DataFrame = field(default_factory=pd.DataFrame)
+    ties: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     name: ClassVar[str] = "paper_comparison"
     title: ClassVar[str] = "OOD accuracy: ours vs the paper's"
-    extra_tables: ClassVar[tuple[str, ...]] = ("agreement", "mrr", "separation")
+    extra_tables: ClassVar[tuple[str, ...]] = ("agreement", "mrr", "separation", "ties")
 
     def figure(self):
         import plotly.graph_objects as go
@@ -305,6 +326,7 @@ class PaperComparison(Result):
             ("MRR", self.mrr),
             ("Which PEs the MRR intervals separate", self.separation),
             ("Rank agreement per split", self.agreement),
+            ("Cells ranked by ties", self.ties),
             ("Per split and PE", self.table),
         ]
 
@@ -367,6 +389,10 @@ def compare_with_paper(
     }
     agreement = rank_agreement(ours, paper, splits=shared, pes=pes)
     separation = mrr_separation(mrr) if n_boot else pd.DataFrame()
+    ties = pd.concat(
+        [tie_counts(v, splits=shared, pes=pes).assign(side=k) for k, v in sides.items()],
+        ignore_index=True,
+    )
     return PaperComparison(
-        table=table, meta=meta, agreement=agreement, mrr=mrr, separation=separation
+        table=table, meta=meta, agreement=agreement, mrr=mrr, separation=separation, ties=ties
     )

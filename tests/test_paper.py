@@ -33,6 +33,7 @@ from nopeinterp.paper import (
     pe_ranks,
     rank_agreement,
     reciprocal_ranks,
+    tie_counts,
 )
 from nopeinterp.tasks import PAPER_SPLITS
 
@@ -260,3 +261,17 @@ def test_mrr_separation_follows_the_decision_rule():
     assert sep[sep["side"] == "paper"]["verdict"].tolist()[0] == "not separated"
     with pytest.raises(ComparisonError, match="intervals"):
         mrr_separation(mrr.assign(ci_low=np.nan))
+
+
+def test_tie_counts():
+    runs = _runs(
+        {
+            ("a", 0): dict(zip(FIVE_PES, (0.0, 0.0, 0.0, 0.0, 0.0), strict=True)),
+            ("a", 1): dict(zip(FIVE_PES, (0.5, 0.5, 0.1, 0.2, 0.3), strict=True)),
+            ("a", 2): dict(zip(FIVE_PES, (0.5, 0.4, 0.1, 0.2, 0.3), strict=True)),
+            ("b", 0): dict(zip(FIVE_PES[:4], (0.0,) * 4, strict=True)),  # incomplete: not counted
+        }
+    )
+    assert tie_counts(runs).to_dict("records") == [
+        {"split": "a", "cells": 3, "cells_with_tie": 2, "cells_all_equal": 1}
+    ]
