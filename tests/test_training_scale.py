@@ -169,6 +169,15 @@ def test_sweep_leaves_a_run_another_process_is_training(tmp_path):
         run_name(spec): "busy",
         run_name(grid(GRID["tasks"][:1], ["alibi"], [0])[0]): "finished",
     }
+    # adding a test set to a finished run takes the lock too: two sweeps decode it once
+    only = {**GRID, "tasks": GRID["tasks"][:1], "pes": ["alibi"]}
+    run_sweep(**only, out=tmp_path / "b", overrides=STEPS, test="none")
+    alibi = tmp_path / "b" / run_name(grid(GRID["tasks"][:1], ["alibi"], [0])[0])
+    with FileLock(str(alibi / "model.pt.lock")):
+        statuses = run_sweep(**only, out=tmp_path / "b", overrides=STEPS, test="eval_set")
+    assert set(statuses.values()) == {"busy"}
+    statuses = run_sweep(**only, out=tmp_path / "b", overrides=STEPS, test="eval_set")
+    assert set(statuses.values()) == {"tested"}
 
 
 def test_task_specs_carry_options():

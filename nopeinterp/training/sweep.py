@@ -147,16 +147,23 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
     import torch
 
     from nopeinterp._io import versions
-    from nopeinterp.training.trainer import RUN_ONLY, RunLockedError, make_config, train
+    from nopeinterp.training.trainer import RUN_ONLY, RunLockedError, _lock, make_config, train
 
     if threads:
         torch.set_num_threads(threads)
     folder = plan.out / run_name(spec)
     record_path, ckpt = folder / RECORD, folder / CHECKPOINT
     if record_path.exists():
-        if plan.test == "eval_set" and _add_test(record_path, ckpt):
-            return "tested"
-        return "skipped"
+        if plan.test != "eval_set":
+            return "skipped"
+        try:  # the run's lock: two sweeps over one folder decode a test set once
+            lock = _lock(ckpt)
+        except RunLockedError:
+            return "busy"
+        try:
+            return "tested" if _add_test(record_path, ckpt) else "skipped"
+        finally:
+            lock.release()
     state = ckpt.with_name(ckpt.name + ".state.pt")
     options = {**plan.overrides.get("task_options", {}), **spec.options}
     overrides = {**plan.overrides, "task_options": options, "seed": spec.seed, "progress": False}
