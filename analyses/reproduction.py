@@ -128,23 +128,45 @@ def analyse(lr: float, splits=ANALYSED_SPLITS, quick: bool = False) -> None:
         attention_similarity.main([*args, "--task", task])
 
 
-def restore_search_records(lr: float) -> list[str]:
-    """Put each committed search record back in its run folder where that folder has none.
-
-    On a new machine runs/ is empty; the search decodes no test set, so a committed record is
-    the whole result of its run and the sweep then skips it instead of training it again.
-    (The grid still needs the checkpoint of a search run it reuses.)"""
-    search_runs = {run_name(spec) for split in SEARCH_SPLITS for spec in split_runs(split, [0])}
+def restore_records(lr: float, runs: set[str], *, tested_only: bool) -> list[str]:
+    """Put each committed record of `runs` at `lr` back in its run folder where that folder has
+    none (`tested_only`: only records with a test result). On a new machine runs/ is empty:
+    the sweep then skips those runs instead of training them again."""
     restored = []
     for path in sorted((RECORDS / lr_folder(lr)).glob("*.json")):
         run = path.stem
-        if run in search_runs:
-            dest = RUNS / lr_folder(lr) / run / RECORD
-            if not dest.exists():
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, dest)
-                restored.append(run)
+        if run not in runs or (tested_only and json.loads(path.read_text())["test"] == "none"):
+            continue
+        dest = RUNS / lr_folder(lr) / run / RECORD
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest)
+            restored.append(run)
     return restored
+
+
+def restore_search_records(lr: float) -> list[str]:
+    """The search decodes no test set, so a committed search record is its run's whole result."""
+    runs = {run_name(spec) for split in SEARCH_SPLITS for spec in split_runs(split, [0])}
+    return restore_records(lr, runs, tested_only=False)
+
+
+def prepare_grid_folder(lr: float) -> tuple[list[str], list[str]]:
+    """Before the grid runs on this machine: restore every committed grid record that has its
+    test result, and drop the untested records (search runs reused by the grid) whose checkpoint
+    is not here, so those runs are trained again instead of failing for want of a checkpoint.
+    Returns (restored, to retrain)."""
+    runs = {run_name(spec) for split in PAPER_SPLITS for spec in split_runs(split)}
+    restored = restore_records(lr, runs, tested_only=True)
+    retrain = []
+    for run in sorted(runs):
+        folder = RUNS / lr_folder(lr) / run
+        record = folder / RECORD
+        if record.exists() and not (folder / CHECKPOINT).exists():
+            if json.loads(record.read_text())["test"] == "none":
+                record.unlink()
+                retrain.append(run)
+    return restored, retrain
 
 
 def search(workers: int = 1) -> None:
@@ -163,6 +185,11 @@ def grid_order() -> list[str]:
 
 def run_grid(lr: float, workers: int = 1) -> None:
     """The grid in the protocol's order: seed 0 of every (split, PE), then seed 1, then 2."""
+    restored, retrain = prepare_grid_folder(lr)
+    for run in restored:
+        print(f"{run}: committed record restored", flush=True)
+    for run in retrain:
+        print(f"{run}: search record without its checkpoint here: trained again", flush=True)
     for seed in SEEDS:
         _sweep(grid_order(), [seed], lr, "eval_set", workers)
 

@@ -217,3 +217,27 @@ def test_table_writes_the_comparison_from_committed_records(tmp_path, monkeypatc
 def test_grid_order_runs_the_analysed_splits_first_and_every_split_once():
     order = repro.grid_order()
     assert order[:2] == ["mdlen", "len"] and sorted(order) == sorted(PAPER_SPLITS)
+
+
+def test_grid_on_a_new_machine_restores_tested_records_and_retrains_the_rest(tmp_path, monkeypatch):
+    records, runs = tmp_path / "records", tmp_path / "runs"
+    monkeypatch.setattr(repro, "RECORDS", records)
+    monkeypatch.setattr(repro, "RUNS", runs)
+    folder = records / repro.lr_folder(1e-3)
+    folder.mkdir(parents=True)
+    tested, untested = "copy.variant=rsc-nope-seed1", "copy.variant=cmc-t5-seed0"
+    (folder / f"{tested}.json").write_text('{"test": "eval_set", "ood_accuracy": 0.5}')
+    (folder / f"{untested}.json").write_text('{"test": "none", "ood_accuracy": null}')
+    (folder / "other-run.json").write_text('{"test": "eval_set"}')  # not a grid run
+    # the search restored its record earlier on this machine, but the checkpoint is elsewhere
+    assert repro.restore_search_records(1e-3) == [untested]
+    restored, retrain = repro.prepare_grid_folder(1e-3)
+    assert restored == [tested] and retrain == [untested]
+    here = runs / "lr=0.001"
+    assert json.loads((here / tested / RECORD).read_text())["ood_accuracy"] == 0.5
+    assert not (here / untested / RECORD).exists() and not (here / "other-run").exists()
+    # with the checkpoint present the search record stays: the grid adds the test set to it
+    (here / untested / RECORD).write_text('{"test": "none"}')
+    (here / untested / "model.pt").write_bytes(b"")
+    assert repro.prepare_grid_folder(1e-3) == ([], [])
+    assert (here / untested / RECORD).exists()
