@@ -241,6 +241,14 @@ def search_summary(runs: pd.DataFrame) -> tuple[pd.DataFrame, float | None]:
     return table, float(table.loc[table["mean"] >= best - TIE - 1e-12, "lr"].min())
 
 
+def search_runs_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The search's runs: best validation exact match per (split, PE), one column per rate."""
+    s = runs[runs["split"].isin(SEARCH_SPLITS) & (runs["seed"] == 0) & runs["lr"].isin(SEARCH_LRS)]
+    wide = s.pivot_table(index=["split", "pe"], columns="lr", values="val_accuracy")
+    wide.columns = [f"lr={lr:g}" for lr in wide.columns]
+    return wide.reset_index()
+
+
 def run_grid_table(runs: pd.DataFrame, lr: float) -> pd.DataFrame:
     """Every run of the grid at `lr` (150 rows), with its status: done, no test, missing."""
     full = pd.MultiIndex.from_product([list(PAPER_SPLITS), FIVE_PES, SEEDS]).to_frame(
@@ -278,6 +286,11 @@ def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
     print(f"chosen rate: {chosen if chosen is not None else 'not yet (search incomplete)'}")
     note = f"Chosen rate: {chosen:g}." if chosen is not None else "Search incomplete."
     paths = write_table(summary, out, "lr_search", title="LR search", notes=note)
+    per_run = search_runs_table(runs)
+    paths += write_table(
+        per_run, out, "lr_search_runs", title="LR search: best validation exact match per run",
+        notes="Seed 0; one column per learning rate.",
+    )  # fmt: skip
     if lr is None:
         lr = chosen
     if lr is None:
