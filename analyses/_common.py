@@ -69,14 +69,16 @@ def write_table(df: pd.DataFrame, out_dir, name: str, *, title=None, notes=None)
     ]
 
 
-_PNG_UNAVAILABLE: list[str] = []  # the reason PNG export cannot run here, once known
+_PNG_UNAVAILABLE: list[str] = []  # why PNG export cannot run here (kaleido/Chromium missing)
+_PNG_NOTES: set[str] = set()  # the notes printed so far: each reason is said once per run
 
 
 def write_figure(fig, out_dir, name: str, *, scale: float = 2.0) -> list[Path]:
     """`<name>.html` (offline, plotly.js inlined) and `<name>.png` beside it
     (nopeinterp.viz.export.save_png: kaleido with the system Chromium). When PNG export
-    cannot run here, one line says why (once per run) and only the HTML is written."""
-    from nopeinterp.viz.export import PngExportUnavailable, save_png
+    cannot run here, one line says why (once per run and reason) and only the HTML is written;
+    after a browser failure (not a missing browser) the next figure tries again."""
+    from nopeinterp.viz.export import PngBrowserFailed, PngExportUnavailable, save_png
     from nopeinterp.viz.html import save_figure
 
     out_dir = Path(out_dir)
@@ -94,8 +96,11 @@ def write_figure(fig, out_dir, name: str, *, scale: float = 2.0) -> list[Path]:
             )
         )
     except PngExportUnavailable as err:
-        _PNG_UNAVAILABLE.append(str(err))
-        print(f"note: no PNG figures ({err}); the HTML figures work offline")
+        if not isinstance(err, PngBrowserFailed):  # a browser failure may pass: try next time
+            _PNG_UNAVAILABLE.append(str(err))
+        if str(err) not in _PNG_NOTES:
+            _PNG_NOTES.add(str(err))
+            print(f"note: no PNG figures ({err}); the HTML figures work offline")
     return paths
 
 

@@ -73,3 +73,66 @@ def test_missing_kaleido_is_one_clear_error(tmp_path, monkeypatch):
 def test_bad_sizes_are_refused():
     with pytest.raises(NopeinterpError, match="width must be positive"):
         save_png(_fig(), "unused.png", width=0)
+
+
+class _FlakyKaleido:
+    """A stand-in for kaleido.Kaleido whose first `fail` renders raise, as kaleido's page race
+    does on a loaded machine; later ones return `image`."""
+
+    calls = 0
+    fail = 1
+    image = b"png"
+
+    def __init__(self, **kwargs):
+        pass
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+    async def calc_fig(self, fig, opts):
+        type(self).calls += 1
+        if type(self).calls <= type(self).fail:
+            raise RuntimeError("JavascriptError: kaleido_scopes is not defined")
+        return type(self).image
+
+
+def _flaky(monkeypatch, fail: int):
+    import types
+
+    from nopeinterp.viz import export
+
+    kind = type("Flaky", (_FlakyKaleido,), {"calls": 0, "fail": fail})
+    monkeypatch.setitem(sys.modules, "kaleido", types.SimpleNamespace(Kaleido=kind))
+    monkeypatch.setattr(export, "find_chromium", lambda: "/usr/bin/chromium")
+    return kind
+
+
+def test_a_browser_failure_is_retried_once(tmp_path, monkeypatch):
+    from nopeinterp.viz.export import PngBrowserFailed
+
+    kind = _flaky(monkeypatch, fail=1)
+    path = save_png(go.Figure(), tmp_path / "a.png")
+    assert path.read_bytes() == b"png" and kind.calls == 2
+    kind = _flaky(monkeypatch, fail=2)
+    with pytest.raises(PngBrowserFailed, match="kaleido_scopes is not defined"):
+        save_png(go.Figure(), tmp_path / "b.png")
+    assert kind.calls == 2 and not (tmp_path / "b.png").exists()
+
+
+def test_write_figure_tries_again_after_a_browser_failure(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "analyses"))
+    import _common
+
+    monkeypatch.setattr(_common, "_PNG_UNAVAILABLE", [])
+    monkeypatch.setattr(_common, "_PNG_NOTES", set())
+    _flaky(monkeypatch, fail=2)  # both attempts of the first figure fail
+    first = _common.write_figure(go.Figure(), tmp_path, "a")
+    second = _common.write_figure(go.Figure(), tmp_path, "b")
+    assert [p.name for p in first] == ["a.html"]
+    assert [p.name for p in second] == ["b.html", "b.png"]
+    assert capsys.readouterr().out.count("note: no PNG figures") == 1

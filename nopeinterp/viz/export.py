@@ -26,6 +26,11 @@ class PngExportUnavailable(NopeinterpError):
     """PNG export cannot run here (kaleido or Chromium missing, or the browser failed)."""
 
 
+class PngBrowserFailed(PngExportUnavailable):
+    """The browser started but failed (twice) to render: possibly transient, e.g. kaleido's page
+    not ready on a loaded machine ("kaleido_scopes is not defined")."""
+
+
 def find_chromium() -> str | None:
     """The browser kaleido would use: $BROWSER_PATH if set, else a system Chromium/Chrome
     (choreographer's own search, skipping any locally downloaded copy); None if none runs."""
@@ -89,13 +94,15 @@ def _render(figs: list, opts: dict) -> list[bytes]:
         async with kaleido.Kaleido(n=1, mathjax=False, path=browser) as k:
             return [await k.calc_fig(fig, opts=opts) for fig in figs]
 
-    try:
-        return _run(go())
-    except Exception as e:  # the browser failed to start or to render
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise PngExportUnavailable(
-            f"PNG export failed in {browser}: {type(e).__name__}: {first}"
-        ) from e
+    for attempt in range(2):  # one retry: kaleido's page can lose a race on a loaded machine
+        try:
+            return _run(go())
+        except Exception as e:  # the browser failed to start or to render
+            error = e
+    first = (str(error).strip().splitlines() or [""])[0]
+    raise PngBrowserFailed(
+        f"PNG export failed in {browser}: {type(error).__name__}: {first}"
+    ) from error
 
 
 def save_pngs(
