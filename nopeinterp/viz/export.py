@@ -94,7 +94,7 @@ def _render(figs: list, opts: dict) -> list[bytes]:
         async with kaleido.Kaleido(n=1, mathjax=False, path=browser) as k:
             return [await k.calc_fig(fig, opts=opts) for fig in figs]
 
-    for attempt in range(2):  # one retry: kaleido's page can lose a race on a loaded machine
+    for _attempt in range(2):  # one retry: kaleido's page can lose a race on a loaded machine
         try:
             return _run(go())
         except Exception as e:  # the browser failed to start or to render
