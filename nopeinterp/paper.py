@@ -135,6 +135,13 @@ def kendall_tau(a: pd.Series, b: pd.Series) -> tuple[float, float]:
     return float(res.statistic), float(res.pvalue)
 
 
+def _order(means: pd.Series) -> str:
+    """'t5 > nope = alibi > ...': PEs best first, equal means joined by '='."""
+    means = means.sort_values(ascending=False, kind="stable")
+    groups = [" = ".join(g.index) for _, g in means.groupby(means, sort=False)]
+    return " > ".join(groups)
+
+
 def rank_agreement(ours: pd.DataFrame, paper: pd.DataFrame, *, splits=None, pes=FIVE_PES):
     """Per split shared by both run tables: Kendall's tau between our ranking of the PEs (by
     mean OOD accuracy) and the paper's, with both orders written best first."""
@@ -150,8 +157,8 @@ def rank_agreement(ours: pd.DataFrame, paper: pd.DataFrame, *, splits=None, pes=
                 "kendall_tau": tau,
                 "p_value": p,
                 "n_pes": len(x.index.intersection(y.index)),
-                "ours_order": " > ".join(x.sort_values(ascending=False, kind="stable").index),
-                "paper_order": " > ".join(y.sort_values(ascending=False, kind="stable").index),
+                "ours_order": _order(x),
+                "paper_order": _order(y),
             }
         )
     return pd.DataFrame(
@@ -239,7 +246,8 @@ def mean_reciprocal_rank(
 def mrr_separation(mrr: pd.DataFrame) -> pd.DataFrame:
     """The protocol's decision rule on an MRR table (``mean_reciprocal_rank``, optionally with
     a ``side`` column): per pair of PEs (and side), "A above B" only if A's interval lies wholly
-    above B's, else "not separated". Columns: [side,] pe_a, pe_b, verdict; pairs by MRR order."""
+    above B's, else "not separated". Columns: [side,] pe_a, pe_b, verdict, n_cells (the cells
+    the two MRRs rest on: the rule was fixed for the full grid's 27); pairs by MRR order."""
     rows = []
     groups = mrr.groupby("side", sort=False) if "side" in mrr else [(None, mrr)]
     for side, g in groups:
@@ -251,9 +259,10 @@ def mrr_separation(mrr: pd.DataFrame) -> pd.DataFrame:
                 a, b = g.iloc[i], g.iloc[j]
                 above = a["ci_low"] > b["ci_high"]
                 verdict = f"{a['pe']} above {b['pe']}" if above else "not separated"
-                row = {"pe_a": a["pe"], "pe_b": b["pe"], "verdict": verdict}
+                row = {"pe_a": a["pe"], "pe_b": b["pe"], "verdict": verdict,
+                       "n_cells": int(min(a["n_cells"], b["n_cells"]))}  # fmt: skip
                 rows.append({"side": side, **row} if side is not None else row)
-    cols = ["side"] * ("side" in mrr) + ["pe_a", "pe_b", "verdict"]
+    cols = ["side"] * ("side" in mrr) + ["pe_a", "pe_b", "verdict", "n_cells"]
     return pd.DataFrame(rows, columns=cols)
 
 

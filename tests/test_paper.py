@@ -246,13 +246,14 @@ def test_mrr_separation_follows_the_decision_rule():
             "mrr": [0.9, 0.5, 0.45],
             "ci_low": [0.8, 0.4, 0.3],
             "ci_high": [0.95, 0.6, 0.55],
+            "n_cells": [27, 27, 26],
         }
     )
     sep = mrr_separation(mrr)
     assert sep.to_dict("records") == [
-        {"pe_a": "a", "pe_b": "b", "verdict": "a above b"},
-        {"pe_a": "a", "pe_b": "c", "verdict": "a above c"},
-        {"pe_a": "b", "pe_b": "c", "verdict": "not separated"},  # intervals overlap
+        {"pe_a": "a", "pe_b": "b", "verdict": "a above b", "n_cells": 27},
+        {"pe_a": "a", "pe_b": "c", "verdict": "a above c", "n_cells": 26},
+        {"pe_a": "b", "pe_b": "c", "verdict": "not separated", "n_cells": 26},  # overlap
     ]
     # touching intervals do not separate; per side when there is a side column
     two = pd.concat([mrr.assign(side="ours"), mrr.assign(side="paper", ci_low=[0.6, 0.4, 0.3])])
@@ -275,3 +276,11 @@ def test_tie_counts():
     assert tie_counts(runs).to_dict("records") == [
         {"split": "a", "cells": 3, "cells_with_tie": 2, "cells_all_equal": 1}
     ]
+
+
+def test_rank_orders_show_ties():
+    ours = _runs({("a", 0): dict(zip(FIVE_PES, (0.0, 0.0, 0.2, 0.0, 0.1), strict=True))})
+    paper = _runs({("a", 0): dict(zip(FIVE_PES, (0.5, 0.4, 0.3, 0.2, 0.1), strict=True))})
+    ag = rank_agreement(ours, paper).set_index("split")
+    assert ag.loc["a", "ours_order"] == "alibi > sinusoidal > nope = t5 = rotary"
+    assert ag.loc["a", "paper_order"] == "nope > t5 > alibi > rotary > sinusoidal"
