@@ -85,6 +85,9 @@ def test_sweep_search_then_grid_adds_the_test_set(tmp_path):
     task = get_task("copy", variant="cmc", id_lengths=(2, 4), ood_lengths=(5, 6))
     assert record["val_items"] == len(task.eval_set("val", n_per_length=2)) == 6
     assert 0 <= record["val_accuracy"] <= 1 and record["best_step"] in (2, 4)
+    history = record["val_history"]  # every evaluation up to the best one
+    assert [h["step"] for h in history] == list(range(2, record["best_step"] + 1, 2))
+    assert history[-1]["val_accuracy"] == record["val_accuracy"]
 
     assert run_sweep(**grid, preset="tiny", overrides=SMALL, test="eval_set") == {
         "copy.variant=cmc-nope-seed0": "tested"

@@ -195,6 +195,7 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
         "best_step": meta.get("step"),
         "val_accuracy": meta.get("val_accuracy"),
         "val_items": meta.get("val_items"),
+        "val_history": meta.get("history"),  # up to the best step: was it still rising?
         "test": plan.test,
         "eval_n": plan.eval_n if plan.test == "sampled" else None,
         "accuracy": [],

@@ -386,6 +386,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             ood_lengths=list(task.ood_lengths),
             val_accuracy=val_acc,
             val_items=len(val_examples),
+            history=list(history),  # loss and validation exact match at each evaluation so far
             wall_time_s=round(wall, 1),
             train_config={k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY},
             throughput=dict(speed),
