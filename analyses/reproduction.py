@@ -211,13 +211,13 @@ def records(root: Path | None = None) -> pd.DataFrame:
                 "steps": r["steps"],
                 "test_items": r.get("test_items"),
                 "val_items": r.get("val_items"),
-                "wall_time_s": r.get("run_wall_s"),
+                "train_wall_s": r.get("run_wall_s"),  # the whole training, resumes included
                 "test_wall_s": r.get("test_wall_s"),
                 "did_not_train": r["val_accuracy"] < DID_NOT_TRAIN,
             }
         )
     cols = ["lr", "split", "pe", "seed", "ood_accuracy", "val_accuracy", "best_step", "steps"]
-    extra = ["test_items", "val_items", "wall_time_s", "test_wall_s", "did_not_train"]
+    extra = ["test_items", "val_items", "train_wall_s", "test_wall_s", "did_not_train"]
     return pd.DataFrame(rows, columns=[*cols, *extra])
 
 
@@ -301,7 +301,7 @@ def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
     print(f"\nruns at lr={lr:g}: {status}")
     print(grid_runs.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     out = out / lr_folder(lr)
-    hours = (grid_runs["wall_time_s"].sum() + grid_runs["test_wall_s"].sum()) / 3600
+    hours = (grid_runs["train_wall_s"].sum() + grid_runs["test_wall_s"].sum()) / 3600
     paths += write_table(
         grid_runs, out, "runs", title=f"Grid runs at lr={lr:g}",
         notes=f"Status {status}; {hours:.1f} h of run wall time in all (training and test "
