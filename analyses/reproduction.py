@@ -214,10 +214,13 @@ def records(root: Path | None = None) -> pd.DataFrame:
                 "train_wall_s": r.get("run_wall_s"),  # the whole training, resumes included
                 "test_wall_s": r.get("test_wall_s"),
                 "did_not_train": r["val_accuracy"] < DID_NOT_TRAIN,
+                # the best checkpoint is the last one: still improving when the budget ran out
+                "best_at_last_step": r["best_step"] == r["steps"],
             }
         )
     cols = ["lr", "split", "pe", "seed", "ood_accuracy", "val_accuracy", "best_step", "steps"]
-    extra = ["test_items", "val_items", "train_wall_s", "test_wall_s", "did_not_train"]
+    extra = ["test_items", "val_items", "train_wall_s", "test_wall_s", "did_not_train",
+             "best_at_last_step"]  # fmt: skip
     return pd.DataFrame(rows, columns=[*cols, *extra])
 
 
@@ -302,10 +305,16 @@ def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
     print(grid_runs.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     out = out / lr_folder(lr)
     hours = (grid_runs["train_wall_s"].sum() + grid_runs["test_wall_s"].sum()) / 3600
+    done = grid_runs[grid_runs["status"] != "missing"]
+    trained = (
+        f"{int(done['did_not_train'].sum())} of {len(done)} trained runs below {DID_NOT_TRAIN}"
+    )
+    at_end = f"{int(done['best_at_last_step'].sum())} with their best checkpoint at the last step"
     paths += write_table(
         grid_runs, out, "runs", title=f"Grid runs at lr={lr:g}",
         notes=f"Status {status}; {hours:.1f} h of run wall time in all (training and test "
-        "decoding; test time recorded from 2026-12-03 on).",
+        f"decoding; test time recorded from 2026-12-03 on). {trained} ('did not train'), "
+        f"{at_end}.",
     )  # fmt: skip
     ours = complete_cells(grid_runs)
     if ours.empty:
