@@ -169,9 +169,10 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
     overrides = {**plan.overrides, "task_options": options, "seed": spec.seed, "progress": False}
     cfg = make_config(spec.task, spec.pe, ckpt, preset=plan.preset, **overrides)
     t0 = time.time()
-    resumed_wall = _state_wall(state)
+    resumed_wall = 0.0
     if state.exists() or not ckpt.exists():
         cfg.resume = True
+        resumed_wall = _state_wall(state)
         try:
             train(cfg)
         except RunLockedError:
@@ -249,12 +250,17 @@ def _test_fields(ckpt: Path, n: int | None, task: str, options: dict) -> dict:
 
 
 def _state_wall(state: Path) -> float:
-    """Training seconds saved in an interrupted run's state (0 without one)."""
+    """Training seconds saved in an interrupted run's state; 0 without a readable one (gone,
+    because another process finished the run; or damaged, which the trainer then reports)."""
+    from nopeinterp.checkpoint import load_training_state
+    from nopeinterp.errors import CheckpointError
+
     if not state.exists():
         return 0.0
-    import torch
-
-    return float(torch.load(state, map_location="cpu", weights_only=True).get("wall", 0.0))
+    try:
+        return float(load_training_state(state, required=("wall",))["wall"])
+    except CheckpointError:
+        return 0.0
 
 
 def _add_test(record_path: Path, ckpt: Path) -> bool:
