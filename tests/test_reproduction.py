@@ -183,14 +183,14 @@ def test_analyse_runs_the_analyses_on_finished_grid_runs(tmp_path, monkeypatch):
 def test_table_writes_the_comparison_from_committed_records(tmp_path, monkeypatch, capsys):
     """Records made from the paper's own runs (seeds renamed 0, 1, 2) at one rate: the tables
     written must give both sides the same numbers, incomplete cells stay out, and len is in the
-    per-split table but not in the MRR."""
-    from nopeinterp.paper import paper_runs
+    per-split table but not in the MRR. rsc2x has tied cells (the sensitivity view differs)."""
+    from nopeinterp.paper import mean_reciprocal_rank, paper_runs
 
     monkeypatch.syspath_prepend(str(ROOT / "analyses"))
     records = tmp_path / "records"
     monkeypatch.setattr(repro, "RECORDS", records)
     seed_of = {s: i for i, s in enumerate(sorted(paper_runs()["seed"].unique()))}
-    paper = paper_runs()[paper_runs()["split"].isin(["cmc", "mdlen", "len"])].copy()
+    paper = paper_runs()[paper_runs()["split"].isin(["cmc", "mdlen", "len", "rsc2x"])].copy()
     paper["seed"] = paper["seed"].map(seed_of)
     folder = records / "lr=0.001"
     folder.mkdir(parents=True)
@@ -205,16 +205,25 @@ def test_table_writes_the_comparison_from_committed_records(tmp_path, monkeypatc
     assert "chosen rate: not yet" in capsys.readouterr().out
     written = tmp_path / "tables" / "lr=0.001"
     runs = pd.read_csv(written / "runs.csv")
-    assert len(runs) == 150 and (runs["status"] == "done").sum() == 44
+    assert len(runs) == 150 and (runs["status"] == "done").sum() == 59
     table = pd.read_csv(written / "paper_comparison.csv")
-    assert set(table["split"]) == {"cmc", "mdlen", "len"}
+    assert set(table["split"]) == {"cmc", "mdlen", "len", "rsc2x"}
     whole = table[table["split"] != "mdlen"]
     assert whole["mean_ours"].to_numpy() == pytest.approx(whole["mean_paper"].to_numpy())
     assert table.loc[table["split"] == "mdlen", "n_seeds_ours"].eq(2).all()  # seed 2 left out
     mrr = pd.read_csv(written / "paper_comparison_mrr.csv")
-    assert set(mrr["n_splits"]) == {2}  # cmc and mdlen; len is left out of the MRR
-    assert (mrr.loc[mrr["side"] == "ours", "n_cells"] == 5).all()
+    assert set(mrr["n_splits"]) == {3}  # cmc, mdlen and rsc2x; len is left out of the MRR
+    assert (mrr.loc[mrr["side"] == "ours", "n_cells"] == 8).all()
     assert {p.name for p in paths} >= {"paper_comparison_agreement.md", "lr_search.csv"}
+    # the sensitivity view: ties share their average rank, on the same cells as the MRR
+    averaged = pd.read_csv(written / "paper_comparison_mrr_ties_averaged.csv")
+    splits = ["cmc", "mdlen", "rsc2x"]
+    expected = mean_reciprocal_rank(paper_runs(), splits=splits, tie_order=None)
+    got = averaged[averaged["side"] == "paper"]
+    assert got["mrr"].to_numpy() == pytest.approx(expected["mrr"].to_numpy())
+    primary = mrr[mrr["side"] == "paper"]["mrr"].to_numpy()
+    assert got["mrr"].to_numpy() != pytest.approx(primary)  # rsc2x's ties are ranked otherwise
+    assert (averaged.loc[averaged["side"] == "ours", "n_cells"] == 8).all()
 
 
 def test_grid_order_runs_the_analysed_splits_first_and_every_split_once():
