@@ -277,7 +277,7 @@ def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
     paper (on complete cells) into `out` (default analyses/results/reproduction/tables/)."""
     from _common import print_written, write_figure, write_table
 
-    from nopeinterp.paper import compare_with_paper, mean_reciprocal_rank, paper_runs
+    from nopeinterp.paper import compare_with_paper, mrr_by_side, paper_runs
 
     runs = records()
     if runs.empty:
@@ -321,7 +321,9 @@ def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
         print("\nno complete (split, seed) cell yet: no comparison with the paper")
         print_written(paths)
         return paths
-    comparison = compare_with_paper(ours[["split", "pe", "seed", "ood_accuracy"]].copy())
+    ours_runs = ours[["split", "pe", "seed", "ood_accuracy"]].copy()
+    paper = paper_runs()  # read once: the comparison and its sensitivity view
+    comparison = compare_with_paper(ours_runs, paper)
     not_trained = ours.groupby(["split", "pe"])["did_not_train"].sum().rename("did_not_train_ours")
     comparison.table = comparison.table.merge(not_trained.reset_index(), on=["split", "pe"])
     cells = ours.groupby("split")["seed"].nunique().to_dict()
@@ -336,18 +338,11 @@ def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
     # A sensitivity view added after the runs started (PROTOCOL.md): tied PEs share their
     # average rank, so a cell where every PE is at 0 gives each 1/3 instead of ranking them by
     # the paper's tie order. The protocol's MRR above stays the primary one.
-    averaged = pd.concat(
-        [
-            mean_reciprocal_rank(
-                side, splits=comparison.meta["mrr_splits"], tie_order=None, seed=0
-            ).assign(side=name)
-            for name, side in (
-                ("ours", ours[["split", "pe", "seed", "ood_accuracy"]]),
-                ("paper", paper_runs()),
-            )
-        ],
-        ignore_index=True,
-    )
+    averaged = mrr_by_side(
+        {"ours": ours_runs, "paper": paper},
+        splits=comparison.meta["mrr_splits"], tie_order=None,
+        seed=comparison.meta["bootstrap_seed"],
+    )  # fmt: skip
     print("\nMRR with tied PEs sharing their average rank (sensitivity view):")
     print(averaged.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     paths += write_table(

@@ -243,6 +243,15 @@ def mean_reciprocal_rank(
     )
 
 
+def mrr_by_side(sides: dict, **kwargs) -> pd.DataFrame:
+    """``mean_reciprocal_rank`` of each run table in ``sides`` (name -> runs), stacked with a
+    ``side`` column; ``kwargs`` go to ``mean_reciprocal_rank`` for every side alike."""
+    return pd.concat(
+        [mean_reciprocal_rank(runs, **kwargs).assign(side=name) for name, runs in sides.items()],
+        ignore_index=True,
+    )
+
+
 def mrr_separation(mrr: pd.DataFrame) -> pd.DataFrame:
     """The protocol's decision rule on an MRR table (``mean_reciprocal_rank``, optionally with
     a ``side`` column): per pair of PEs (and side), "A above B" only if A's interval lies wholly
@@ -377,14 +386,8 @@ def compare_with_paper(
     mrr_splits = [s for s in shared if s not in PAPER_MRR_EXCLUDED]
     if not mrr_splits:
         raise ComparisonError(f"no split for the MRR: {PAPER_MRR_EXCLUDED} are left out of it")
-    mrr = pd.concat(
-        [
-            mean_reciprocal_rank(
-                v, splits=mrr_splits, pes=pes, tie_order=tie_order, n_boot=n_boot, seed=seed
-            ).assign(side=k)
-            for k, v in sides.items()
-        ],
-        ignore_index=True,
+    mrr = mrr_by_side(
+        sides, splits=mrr_splits, pes=pes, tie_order=tie_order, n_boot=n_boot, seed=seed
     )
     meta = {
         "splits": shared,
