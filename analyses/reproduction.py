@@ -2,6 +2,7 @@
 
     python analyses/reproduction.py search          # the 30 LR-search runs (validation only)
     python analyses/reproduction.py grid --lr 1e-3  # seed 0 of all 50 (split, PE), then 1, 2
+        [--splits mdlen len] [--seeds 2]            # a part of the grid (the same runs)
     python analyses/reproduction.py table [--lr X]  # search summary; run table + comparison
     python analyses/reproduction.py analyse --lr X  # probes, distance, attention on mdlen, len
 
@@ -183,15 +184,18 @@ def grid_order() -> list[str]:
     return [*ANALYSED_SPLITS, *(s for s in PAPER_SPLITS if s not in ANALYSED_SPLITS)]
 
 
-def run_grid(lr: float, workers: int = 1) -> None:
-    """The grid in the protocol's order: seed 0 of every (split, PE), then seed 1, then 2."""
+def run_grid(lr: float, workers: int = 1, splits=None, seeds=None) -> None:
+    """The grid in the protocol's order: seed 0 of every (split, PE), then seed 1, then 2.
+    `splits` / `seeds` run a part of it first (same runs, same settings; default: all)."""
+    splits = grid_order() if splits is None else [s for s in grid_order() if s in splits]
+    seeds = SEEDS if seeds is None else [s for s in SEEDS if s in seeds]
     restored, retrain = prepare_grid_folder(lr)
     for run in restored:
         print(f"{run}: committed record restored", flush=True)
     for run in retrain:
         print(f"{run}: search record without its checkpoint here: trained again", flush=True)
-    for seed in SEEDS:
-        _sweep(grid_order(), [seed], lr, "eval_set", workers)
+    for seed in seeds:
+        _sweep(splits, [seed], lr, "eval_set", workers)
 
 
 def records(root: Path | None = None) -> pd.DataFrame:
@@ -363,6 +367,8 @@ def main(argv=None) -> int:
     g = sub.add_parser("grid")
     g.add_argument("--lr", type=float, required=True)
     g.add_argument("--workers", type=int, default=1)
+    g.add_argument("--splits", nargs="+", choices=list(PAPER_SPLITS), help="default: all ten")
+    g.add_argument("--seeds", nargs="+", type=int, choices=list(SEEDS), help="default: 0 1 2")
     t = sub.add_parser("table")
     t.add_argument("--lr", type=float, default=None)
     t.add_argument(
@@ -377,7 +383,7 @@ def main(argv=None) -> int:
         if args.command == "search":
             search(args.workers)
         elif args.command == "grid":
-            run_grid(args.lr, args.workers)
+            run_grid(args.lr, args.workers, args.splits, args.seeds)
         elif args.command == "analyse":
             analyse(args.lr, args.splits, args.quick)
         else:

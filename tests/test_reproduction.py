@@ -231,6 +231,18 @@ def test_grid_order_runs_the_analysed_splits_first_and_every_split_once():
     assert order[:2] == ["mdlen", "len"] and sorted(order) == sorted(PAPER_SPLITS)
 
 
+def test_grid_part_runs_only_the_asked_splits_and_seeds_in_protocol_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(repro, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(repro, "RUNS", tmp_path / "runs")
+    calls = []
+    monkeypatch.setattr(repro, "_sweep", lambda splits, seeds, *a: calls.append((splits, seeds)))
+    repro.run_grid(1e-3, splits=["len", "cmc", "mdlen"], seeds=[2, 1])
+    assert calls == [(["mdlen", "len", "cmc"], [1]), (["mdlen", "len", "cmc"], [2])]
+    calls.clear()
+    repro.run_grid(1e-3)
+    assert calls == [(repro.grid_order(), [seed]) for seed in repro.SEEDS]
+
+
 def test_grid_on_a_new_machine_restores_tested_records_and_retrains_the_rest(tmp_path, monkeypatch):
     records, runs = tmp_path / "records", tmp_path / "runs"
     monkeypatch.setattr(repro, "RECORDS", records)
