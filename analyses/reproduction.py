@@ -198,11 +198,16 @@ def run_grid(lr: float, workers: int = 1, splits=None, seeds=None) -> None:
         _sweep(splits, [seed], lr, "eval_set", workers)
 
 
+def _read_records(root: Path | None = None) -> list[dict]:
+    """The committed records (default: under RECORDS), as written by the sweep."""
+    paths = sorted((RECORDS if root is None else root).glob("lr=*/*.json"))
+    return [json.loads(path.read_text()) for path in paths]
+
+
 def records(root: Path | None = None) -> pd.DataFrame:
     """One row per committed record (default: under RECORDS): the protocol's per-run fields."""
     rows = []
-    for path in sorted((RECORDS if root is None else root).glob("lr=*/*.json")):
-        r = json.loads(path.read_text())
+    for r in _read_records(root):
         rows.append(
             {
                 "lr": r["lr"],
@@ -226,6 +231,37 @@ def records(root: Path | None = None) -> pd.DataFrame:
     extra = ["test_items", "val_items", "train_wall_s", "test_wall_s", "did_not_train",
              "best_at_last_step"]  # fmt: skip
     return pd.DataFrame(rows, columns=[*cols, *extra])
+
+
+def accuracy_by_length(lr: float, root: Path | None = None) -> pd.DataFrame:
+    """Test exact match per (split, PE, test length) of the tested runs at `lr`: mean, min and
+    max over the seeds run so far (the per-length view behind each run's OOD accuracy)."""
+    rows = [
+        {
+            "split": r["split"],
+            "pe": r["pe"],
+            "seed": r["seed"],
+            "length": a["length"],
+            "test_split": a["split"],  # ID / OOD
+            "accuracy": a["accuracy"],
+            "evaluable": a["evaluable"],
+        }
+        for r in _read_records(root)
+        if r["lr"] == lr and r.get("ood_accuracy") is not None
+        for a in r.get("accuracy", [])
+    ]
+    cols = ["split", "pe", "length", "test_split", "mean", "min", "max", "n_seeds", "evaluable"]
+    if not rows:
+        return pd.DataFrame(columns=cols)
+    per = pd.DataFrame(rows).groupby(["split", "pe", "length", "test_split"])
+    out = per["accuracy"].agg(["mean", "min", "max"])
+    out["n_seeds"] = per["seed"].nunique()
+    out["evaluable"] = per["evaluable"].all()
+    out = out.reset_index()
+    rank = {**{s: i for i, s in enumerate(PAPER_SPLITS)}, **{p: i for i, p in enumerate(FIVE_PES)}}
+    by_rank = lambda c: c.map(rank) if c.name in ("split", "pe") else c  # noqa: E731
+    out = out.sort_values(["split", "pe", "length"], key=by_rank)
+    return out[cols].reset_index(drop=True)
 
 
 def search_summary(runs: pd.DataFrame) -> tuple[pd.DataFrame, float | None]:
@@ -276,6 +312,34 @@ def complete_cells(grid_runs: pd.DataFrame) -> pd.DataFrame:
     return done[complete]
 
 
+def length_tables(lr: float, out: Path) -> list[Path]:
+    """The per-length test exact match (mean over seeds so far) as a table, and one figure per
+    task (copy, reverse, SCAN) with a panel per split and a line per PE."""
+    from _common import write_figure, write_table
+
+    from nopeinterp.viz.evaluation import accuracy_figure
+
+    by_length = accuracy_by_length(lr)
+    if by_length.empty:
+        return []
+    paths = write_table(
+        by_length, out, "accuracy_by_length", title=f"Test exact match per length at lr={lr:g}",
+        notes="Mean, min and max over the seeds tested so far (n_seeds) of each run's exact match "
+        "at that length; every test item scored once.",
+    )  # fmt: skip
+    frame = by_length.rename(
+        columns={"pe": "model", "split": "task", "test_split": "split", "mean": "accuracy"}
+    )
+    for task in dict.fromkeys(PAPER_SPLITS[s].task_name for s in PAPER_SPLITS):
+        splits = [s for s in PAPER_SPLITS if PAPER_SPLITS[s].task_name == task]
+        rows = frame[frame["task"].isin(splits)]
+        if rows.empty:
+            continue
+        title = f"{task}: OOD exact match vs length (mean over seeds so far), lr={lr:g}"
+        paths += write_figure(accuracy_figure(rows, title=title), out, f"accuracy_by_length_{task}")
+    return paths
+
+
 def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
     """Print and write the search summary, the grid's run table and the comparison with the
     paper (on complete cells) into `out` (default analyses/results/reproduction/tables/)."""
@@ -320,6 +384,7 @@ def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
         f"decoding; test time recorded from 2026-12-03 on). {trained} ('did not train'), "
         f"{at_end}.",
     )  # fmt: skip
+    paths += length_tables(lr, out)
     ours = complete_cells(grid_runs)
     if ours.empty:
         print("\nno complete (split, seed) cell yet: no comparison with the paper")

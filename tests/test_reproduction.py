@@ -226,6 +226,40 @@ def test_table_writes_the_comparison_from_committed_records(tmp_path, monkeypatc
     assert (averaged.loc[averaged["side"] == "ours", "n_cells"] == 8).all()
 
 
+def test_accuracy_by_length_averages_the_tested_seeds_of_one_rate(tmp_path, monkeypatch):
+    folder = tmp_path / "lr=0.001"
+    folder.mkdir()
+
+    def record(name, lr, split, pe, seed, accs, tested=True):
+        rec = {"lr": lr, "split": split, "pe": pe, "seed": seed, "steps": 10, "best_step": 10,
+               "val_accuracy": 0.5, "ood_accuracy": sum(accs) / len(accs) if tested else None,
+               "accuracy": [{"split": "OOD", "length": 21 + i, "accuracy": a, "evaluable": True,
+                             "n": 100, "correct": round(100 * a)} for i, a in enumerate(accs)]}  # fmt: skip
+        (folder / f"{name}.json").write_text(json.dumps(rec))
+
+    record("a", 1e-3, "rsc", "t5", 0, [0.2, 0.4])
+    record("b", 1e-3, "rsc", "t5", 1, [0.6, 0.0])
+    record("c", 1e-3, "cmc", "nope", 0, [0.1, 0.3])
+    record("d", 3e-4, "rsc", "t5", 2, [1.0, 1.0])  # another rate
+    record("e", 1e-3, "rsc", "t5", 2, [1.0, 1.0], tested=False)  # a search run: no test
+    got = repro.accuracy_by_length(1e-3, tmp_path)
+    assert list(got["split"]) == ["cmc", "cmc", "rsc", "rsc"]  # PAPER_SPLITS order
+    rsc = got[got["split"] == "rsc"]
+    assert rsc["mean"].to_numpy() == pytest.approx([0.4, 0.2])
+    assert rsc["min"].to_numpy() == pytest.approx([0.2, 0.0])
+    assert rsc["max"].to_numpy() == pytest.approx([0.6, 0.4])
+    assert list(rsc["n_seeds"]) == [2, 2] and list(rsc["length"]) == [21, 22]
+    assert set(got["test_split"]) == {"OOD"}
+    assert repro.accuracy_by_length(1e-2, tmp_path).empty
+    # written as a table and one figure per task present (copy here: cmc and rsc)
+    monkeypatch.syspath_prepend(str(ROOT / "analyses"))
+    monkeypatch.setattr(repro, "RECORDS", tmp_path)
+    names = {p.name for p in repro.length_tables(1e-3, tmp_path / "out")}
+    assert {"accuracy_by_length.csv", "accuracy_by_length_copy.html"} <= names
+    assert not any("reverse" in n or "scan" in n for n in names)
+    assert repro.length_tables(1e-2, tmp_path / "none") == []
+
+
 def test_grid_order_runs_the_analysed_splits_first_and_every_split_once():
     order = repro.grid_order()
     assert order[:2] == ["mdlen", "len"] and sorted(order) == sorted(PAPER_SPLITS)
