@@ -5,6 +5,7 @@
         [--splits mdlen len] [--seeds 2]            # a part of the grid (the same runs)
     python analyses/reproduction.py table [--lr X]  # search summary; run table + comparison
     python analyses/reproduction.py analyse --lr X  # probes, distance, attention on mdlen, len
+    python analyses/reproduction.py errors --lr X   # how the wrong test answers fail (re-decodes)
 
 Every run uses `--preset repro` (nopeinterp/training/presets.py) with the learning rate passed
 explicitly. Checkpoints go under runs/reproduction/lr=<lr>/ (git-ignored); each finished run's
@@ -127,6 +128,72 @@ def analyse(lr: float, splits=ANALYSED_SPLITS, quick: bool = False) -> None:
         position_probes.main(args)
         distance_dependence.main(args)
         attention_similarity.main([*args, "--task", task])
+
+
+def error_kinds(lr: float, splits=None) -> list[Path]:
+    """Decode again the test set of every tested run of `splits` (default all ten) at `lr`,
+    sorting each wrong answer by kind (too short, too long, wrong words: `error_kind`), into
+    analyses/results/reproduction/analyses/lr=<lr>/error_kinds*. Each run's correct count per
+    length is checked against its record (`matches_record`)."""
+    from _common import print_written, write_figure, write_table
+
+    from nopeinterp.evaluation import ERROR_KINDS, evaluate
+    from nopeinterp.progress import progress
+    from nopeinterp.viz.evaluation import error_kinds_figure
+
+    splits = list(PAPER_SPLITS) if splits is None else splits
+    for split in splits:
+        if split not in PAPER_SPLITS:
+            raise NopeinterpError(f"unknown split {split!r}; choose from {', '.join(PAPER_SPLITS)}")
+    todo = []
+    for split in splits:
+        for spec in split_runs(split):
+            run = RUNS / lr_folder(lr) / run_name(spec)
+            if (run / RECORD).exists() and (run / CHECKPOINT).exists():
+                rec = json.loads((run / RECORD).read_text())
+                if rec.get("ood_accuracy") is not None:
+                    todo.append((split, spec, run, rec))
+    if not todo:
+        raise NopeinterpError(f"no tested run with its checkpoint under {RUNS / lr_folder(lr)}")
+    rows = []
+    for split, spec, run, rec in progress(todo, desc="error kinds"):
+        lengths = [a["length"] for a in rec["accuracy"]]
+        res = evaluate(run / CHECKPOINT, lengths=lengths, n=None, progress=False, error_kinds=True)
+        recorded = {a["length"]: a["correct"] for a in rec["accuracy"]}
+        matches = all(recorded[r.length] == r.correct for r in res.table.itertuples())
+        ood = res.summary[res.summary["split"] == "OOD"].iloc[0]
+        rows.append(
+            {"split": split, "pe": spec.pe, "seed": spec.seed, "n": int(ood["n"]),
+             "correct": ood["accuracy"], **{k: ood[k] for k in ERROR_KINDS[1:]},
+             "matches_record": matches}
+        )  # fmt: skip
+    per_run = pd.DataFrame(rows)
+    kinds = list(ERROR_KINDS)
+    mean = per_run.groupby(["split", "pe"], sort=False)[kinds].mean()
+    mean["n_seeds"] = per_run.groupby(["split", "pe"], sort=False)["seed"].nunique()
+    mean = mean.reset_index()
+    out = RECORDS / "analyses" / lr_folder(lr)
+    bad = int((~per_run["matches_record"]).sum())
+    note = (
+        "Share of each run's test items (every item once) by kind: correct, too short (stopped "
+        "early), too long (did not stop in time), wrong words (the right length). "
+        f"{len(per_run) - bad} of {len(per_run)} runs decode exactly their recorded correct "
+        "counts."
+    )
+    paths = write_table(per_run, out, "error_kinds_runs", title="Error kinds per run", notes=note)
+    paths += write_table(
+        mean, out, "error_kinds", title="Error kinds, mean over seeds",
+        notes=note + " Mean over the seeds tested so far (n_seeds).",
+    )  # fmt: skip
+    fig = error_kinds_figure(
+        mean, panel="split", x="pe", title=f"How the OOD answers fail (mean over seeds), lr={lr:g}"
+    )
+    paths += write_figure(fig, out, "error_kinds")
+    print(mean.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if bad:
+        print(f"warning: {bad} runs decode other correct counts than their records")
+    print_written(paths)
+    return paths
 
 
 def restore_records(lr: float, runs: set[str], *, tested_only: bool) -> list[str]:
@@ -439,6 +506,9 @@ def main(argv=None) -> int:
     t.add_argument(
         "--out", type=Path, default=None, help="default analyses/results/reproduction/tables"
     )
+    e = sub.add_parser("errors", help="sort the wrong test answers by kind (re-decodes)")
+    e.add_argument("--lr", type=float, required=True)
+    e.add_argument("--splits", nargs="+", choices=list(PAPER_SPLITS), default=None)
     a = sub.add_parser("analyse")
     a.add_argument("--lr", type=float, required=True)
     a.add_argument("--splits", nargs="+", default=list(ANALYSED_SPLITS))
@@ -449,6 +519,8 @@ def main(argv=None) -> int:
             search(args.workers)
         elif args.command == "grid":
             run_grid(args.lr, args.workers, args.splits, args.seeds)
+        elif args.command == "errors":
+            error_kinds(args.lr, args.splits)
         elif args.command == "analyse":
             analyse(args.lr, args.splits, args.quick)
         else:

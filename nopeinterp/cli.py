@@ -133,7 +133,13 @@ def cmd_eval(args) -> int:
     from nopeinterp.evaluation import evaluate
 
     model = _load(args.checkpoint, rope_scaling=args.rope_scaling)
-    result = evaluate(model, lengths=args.lengths, n=args.n, batch_size=args.batch_size)
+    result = evaluate(
+        model,
+        lengths=args.lengths,
+        n=args.n,
+        batch_size=args.batch_size,
+        error_kinds=args.error_kinds,
+    )
     print(_fmt(result.table, index=False))
     print()
     print(_fmt(result.summary, index=False))
@@ -439,6 +445,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=parse_lengths, default=None, help="default: ID and OOD ranges")
     p.add_argument("--n", type=_args.positive_int, default=200, help="examples per length")
     p.add_argument("--batch-size", type=_args.positive_int, default=64)
+    p.add_argument(
+        "--error-kinds",
+        action="store_true",
+        help="count the wrong answers by kind: too short, too long, wrong words",
+    )
     _rope_flag(p)
     _out(p)
     p.set_defaults(func=cmd_eval)

@@ -85,17 +85,36 @@ def greedy_decode(
     return [decode_answer(tokenizer, row) for row in out]
 
 
-def exact_match(model, tokenizer, task, examples, *, batch_size=64, use_cache=True) -> list[bool]:
-    """Per-example exact match of greedy answers; batches sorted by prompt length."""
+def greedy_answers(model, tokenizer, examples, *, batch_size=64, use_cache=True) -> list[str]:
+    """Greedy answers in the examples' order; batches sorted by prompt length (less padding)."""
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].prompt.split()))
-    correct = [False] * len(examples)
+    answers = [""] * len(examples)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         chunk = [examples[i] for i in idx]
-        answers = greedy_decode(model, tokenizer, chunk, use_cache=use_cache)
-        for i, ex, answer in zip(idx, chunk, answers, strict=True):
-            correct[i] = task.is_correct(ex, answer)
-    return correct
+        decoded = greedy_decode(model, tokenizer, chunk, use_cache=use_cache)
+        for i, answer in zip(idx, decoded, strict=True):
+            answers[i] = answer
+    return answers
+
+
+def exact_match(model, tokenizer, task, examples, *, batch_size=64, use_cache=True) -> list[bool]:
+    """Per-example exact match of greedy answers."""
+    answers = greedy_answers(model, tokenizer, examples, batch_size=batch_size, use_cache=use_cache)
+    return [task.is_correct(ex, a) for ex, a in zip(examples, answers, strict=True)]
+
+
+ERROR_KINDS = ("correct", "too short", "too long", "wrong words")
+
+
+def error_kind(task, example: Example, answer: str) -> str:
+    """How an answer fails, by its length in words against the target's: 'too short' (stopped
+    early), 'too long' (did not stop in time; greedy decoding stops one token past the longest
+    target, so any longer answer shows), 'wrong words' (the right length), or 'correct'."""
+    if task.is_correct(example, answer):
+        return "correct"
+    got, want = len(answer.split()), len(example.target.split())
+    return "too short" if got < want else "too long" if got > want else "wrong words"
 
 
 @dataclass(repr=False)
@@ -111,21 +130,25 @@ class EvalResult(Result):
         """ID / OOD accuracy per model: mean over evaluable lengths, weighted by examples.
 
         A split whose lengths were all not evaluable (learned APE past its table) gets NaN.
+        With error kinds counted (`evaluate(error_kinds=True)`), each kind's share of the items.
         """
         table = self.table
+        kinds = [k for k in ERROR_KINDS[1:] if k in table]
         t = table.assign(
             ok_correct=table["correct"].where(table["evaluable"], 0),
             ok_n=table["n"].where(table["evaluable"], 0),
             not_evaluable=~table["evaluable"].astype(bool),
         )
         g = t.groupby(["model", "pe", "split"], sort=False)[
-            ["ok_correct", "ok_n", "not_evaluable"]
+            ["ok_correct", "ok_n", "not_evaluable", *kinds]
         ].sum()
+        n = g["ok_n"].where(g["ok_n"] > 0)
         out = pd.DataFrame(
             {
-                "accuracy": (g["ok_correct"] / g["ok_n"].where(g["ok_n"] > 0)),
+                "accuracy": g["ok_correct"] / n,
                 "n": g["ok_n"].astype(int),
                 "lengths_not_evaluable": g["not_evaluable"].astype(int),
+                **{k: g[k] / n for k in kinds},
             }
         )
         return out.reset_index()
@@ -164,6 +187,7 @@ def evaluate(
     use_cache: bool = True,
     progress: bool = True,
     name: str | None = None,
+    error_kinds: bool = False,
 ) -> EvalResult:
     """Exact-match accuracy per length (greedy decoding): one row per length.
 
@@ -177,6 +201,8 @@ def evaluate(
     held-out example (SCAN length 1) are listed in meta["lengths_without_examples"].
     `n=None`: each length's items of the task's evaluation set instead (`Task.eval_set`: every
     item once, the task's default size; SCAN's OOD lengths: the whole pool).
+    `error_kinds=True` adds one count column per kind of wrong answer (`ERROR_KINDS`: too
+    short, too long, wrong words; see `error_kind`).
     """
     if n is not None and n < 1:
         raise ValueError(f"n (examples per length) must be >= 1, got {n}")
@@ -222,17 +248,15 @@ def evaluate(
         if limit is not None and max_sequence_length(tokenizer, examples) > limit:
             rows.append({**row, "correct": 0, "accuracy": math.nan, "evaluable": False})
             continue
-        correct = exact_match(
-            mi.model, tokenizer, task, examples, batch_size=batch_size, use_cache=use_cache
+        answers = greedy_answers(
+            mi.model, tokenizer, examples, batch_size=batch_size, use_cache=use_cache
         )
-        rows.append(
-            {
-                **row,
-                "correct": sum(correct),
-                "accuracy": sum(correct) / len(correct),
-                "evaluable": True,
-            }
-        )
+        kinds = [error_kind(task, ex, a) for ex, a in zip(examples, answers, strict=True)]
+        correct = kinds.count("correct")
+        row = {**row, "correct": correct, "accuracy": correct / len(kinds), "evaluable": True}
+        if error_kinds:
+            row.update({k: kinds.count(k) for k in ERROR_KINDS[1:]})
+        rows.append(row)
     if not rows:
         raise ValueError(f"no evaluable lengths among {list(lengths)} for task {task.name}")
     meta = {"title": f"Exact match by length: {mi.name}", "model": mi.name, "n": n, "seed": seed}

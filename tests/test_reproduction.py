@@ -180,6 +180,30 @@ def test_analyse_runs_the_analyses_on_finished_grid_runs(tmp_path, monkeypatch):
         repro.analyse(1e-3, ["nosuch"])
 
 
+def test_errors_sorts_the_wrong_test_answers_of_the_tested_runs(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "analyses"))
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    monkeypatch.setattr(repro, "RUNS", runs)
+    monkeypatch.setattr(repro, "RECORDS", records)
+    monkeypatch.setattr(repro, "FIVE_PES", ("nope", "t5"))
+    monkeypatch.setattr(repro, "SEEDS", (0,))
+    out = runs / repro.lr_folder(1e-3)
+    run_sweep([repro.task_spec("rsc")], ["nope", "t5"], [0], out, preset="tiny", overrides=SMALL,
+              test="eval_set")  # fmt: skip
+    with pytest.raises(NopeinterpError, match="no tested run"):
+        repro.error_kinds(1e-3, ["cmc"])
+    repro.error_kinds(1e-3, ["rsc"])
+    got = pd.read_csv(records / "analyses" / "lr=0.001" / "error_kinds_runs.csv")
+    assert list(got["pe"]) == ["nope", "t5"] and got["matches_record"].all()
+    kinds = ["correct", "too short", "too long", "wrong words"]
+    assert got[kinds].sum(axis=1).to_numpy() == pytest.approx(1.0)
+    for row in got.itertuples():
+        rec = json.loads((out / f"copy.variant=rsc-{row.pe}-seed0" / RECORD).read_text())
+        assert row.correct == pytest.approx(rec["ood_accuracy"])
+    with pytest.raises(NopeinterpError, match="unknown split"):
+        repro.error_kinds(1e-3, ["nosuch"])
+
+
 def test_table_writes_the_comparison_from_committed_records(tmp_path, monkeypatch, capsys):
     """Records made from the paper's own runs (seeds renamed 0, 1, 2) at one rate: the tables
     written must give both sides the same numbers, incomplete cells stay out, and len is in the

@@ -1,5 +1,6 @@
 import re
 
+import pandas as pd
 import pytest
 import torch
 
@@ -330,3 +331,39 @@ def test_throughput_formula_and_known_peaks():
     assert flops_per_token(1000, 2, 8, 10) == 6 * 1000 + 12 * 2 * 8 * 10
     assert PEAK_FLOPS["A100"]["bf16"] == 312e12  # NVIDIA A100 data sheet, dense
     assert peak_flops(torch.device("cpu"), "bf16") is None
+
+
+# --- how wrong answers fail: by length or by content ------------------------------------------
+def test_error_kind_reads_the_answer_length_against_the_target():
+    from nopeinterp.evaluation import error_kind
+    from nopeinterp.tasks import Example
+
+    task = get_task("copy", **SMALL_COPY)
+    ex = Example(prompt="<bos> Copy : a b c =", target="a b c", length=3)
+    assert error_kind(task, ex, " a  b c ") == "correct"  # whitespace is not an error
+    assert error_kind(task, ex, "a b") == "too short"
+    assert error_kind(task, ex, "a b c c") == "too long"
+    assert error_kind(task, ex, "a c b") == "wrong words"
+
+
+def test_evaluate_counts_error_kinds_that_add_up_to_the_wrong_answers(ckpt_dir):
+    from nopeinterp.evaluation import ERROR_KINDS
+
+    path = ckpt_dir / "copy-nope.pt"
+    plain = evaluate(path, n=6, progress=False)
+    result = evaluate(path, n=6, progress=False, error_kinds=True)
+    kinds = list(ERROR_KINDS[1:])
+    assert not set(kinds) & set(plain.table.columns)  # only when asked
+    t = result.table
+    assert (t[kinds].sum(axis=1) == t["n"] - t["correct"]).all()
+    assert t["correct"].tolist() == plain.table["correct"].tolist()  # the same answers scored
+    s = result.summary
+    assert (s[kinds].sum(axis=1) + s["accuracy"]).to_numpy() == pytest.approx(1.0)
+
+
+def test_cli_eval_error_kinds(ckpt_dir, tmp_path, capsys):
+    path = ckpt_dir / "copy-nope.pt"
+    assert main(["eval", str(path), "--n", "3", "--error-kinds", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "too short" in printed and "wrong words" in printed
+    assert "too long" in pd.read_csv(tmp_path / "accuracy_by_length.csv").columns

@@ -73,3 +73,38 @@ def accuracy_figure(table, title="Exact match vs length") -> go.Figure:
     fig.update_yaxes(title_text="exact match", range=[-0.05, 1.05], row=1, col=1)
     fig.update_layout(title=title, height=420)
     return fig
+
+
+def error_kinds_figure(table, *, panel: str, x: str, title="How the answers fail") -> go.Figure:
+    """Stacked bars of the share of answers per kind (`ERROR_KINDS`: correct, too short, too
+    long, wrong words): one bar per value of column `x`, one panel per value of `panel`. The
+    kinds' columns hold shares; a bar sums to 1."""
+    from nopeinterp.evaluation import ERROR_KINDS
+
+    panels = list(dict.fromkeys(table[panel]))
+    fig = make_subplots(
+        rows=1,
+        cols=len(panels),
+        subplot_titles=[str(p) for p in panels],
+        shared_yaxes=True,
+        horizontal_spacing=0.03,
+    )
+    colors = dict(zip(ERROR_KINDS, ("#2ca02c", "#1f77b4", "#ff7f0e", "#d62728"), strict=True))
+    for col, name in enumerate(panels, start=1):
+        rows = table[table[panel] == name]
+        for kind in ERROR_KINDS:
+            fig.add_trace(
+                go.Bar(
+                    x=rows[x],
+                    y=rows[kind],
+                    name=kind,
+                    marker_color=colors[kind],
+                    legendgroup=kind,
+                    showlegend=col == 1,
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_yaxes(title_text="share of test items", range=[0, 1.0], row=1, col=1)
+    fig.update_layout(barmode="stack", title=title, height=420, width=max(600, 190 * len(panels)))
+    return fig
