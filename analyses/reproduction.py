@@ -52,6 +52,13 @@ def task_spec(split: str) -> str:
     return f"{s.task_name}:{opts}" if opts else s.task_name
 
 
+def in_paper_order(df: pd.DataFrame, then: str) -> pd.DataFrame:
+    """Rows sorted by split (PAPER_SPLITS order), PE (FIVE_PES order), then column `then`."""
+    rank = {**{s: i for i, s in enumerate(PAPER_SPLITS)}, **{p: i for i, p in enumerate(FIVE_PES)}}
+    key = lambda c: c.map(rank) if c.name in ("split", "pe") else c  # noqa: E731
+    return df.sort_values(["split", "pe", then], key=key).reset_index(drop=True)
+
+
 def lr_folder(lr: float) -> str:
     return f"lr={lr:g}"
 
@@ -134,7 +141,8 @@ def error_kinds(lr: float, splits=None) -> list[Path]:
     """Decode again the test set of every tested run of `splits` (default all ten) at `lr`,
     sorting each wrong answer by kind (too short, too long, wrong words: `error_kind`), into
     analyses/results/reproduction/analyses/lr=<lr>/error_kinds*. Each run's correct count per
-    length is checked against its record (`matches_record`)."""
+    length is checked against its record (`matches_record`). Incremental: runs already in
+    error_kinds_runs.csv are kept, not decoded again (delete the file to redo them all)."""
     from _common import print_written, write_figure, write_table
 
     from nopeinterp.evaluation import ERROR_KINDS, evaluate
@@ -145,15 +153,22 @@ def error_kinds(lr: float, splits=None) -> list[Path]:
     for split in splits:
         if split not in PAPER_SPLITS:
             raise NopeinterpError(f"unknown split {split!r}; choose from {', '.join(PAPER_SPLITS)}")
+    out = RECORDS / "analyses" / lr_folder(lr)
+    kept = (
+        pd.read_csv(out / "error_kinds_runs.csv")
+        if (out / "error_kinds_runs.csv").exists()
+        else None
+    )
+    done = set() if kept is None else set(kept[["split", "pe", "seed"]].itertuples(index=False))
     todo = []
     for split in splits:
         for spec in split_runs(split):
             run = RUNS / lr_folder(lr) / run_name(spec)
             if (run / RECORD).exists() and (run / CHECKPOINT).exists():
                 rec = json.loads((run / RECORD).read_text())
-                if rec.get("ood_accuracy") is not None:
+                if rec.get("ood_accuracy") is not None and (split, spec.pe, spec.seed) not in done:
                     todo.append((split, spec, run, rec))
-    if not todo:
+    if not todo and kept is None:
         raise NopeinterpError(f"no tested run with its checkpoint under {RUNS / lr_folder(lr)}")
     rows = []
     for split, spec, run, rec in progress(todo, desc="error kinds"):
@@ -167,12 +182,13 @@ def error_kinds(lr: float, splits=None) -> list[Path]:
              "correct": ood["accuracy"], **{k: ood[k] for k in ERROR_KINDS[1:]},
              "matches_record": matches}
         )  # fmt: skip
-    per_run = pd.DataFrame(rows)
+    print(f"error kinds: {len(todo)} runs decoded, {len(done)} kept from {out}", flush=True)
+    per_run = pd.concat([kept, pd.DataFrame(rows)]) if kept is not None else pd.DataFrame(rows)
+    per_run = in_paper_order(per_run, "seed")
     kinds = list(ERROR_KINDS)
     mean = per_run.groupby(["split", "pe"], sort=False)[kinds].mean()
     mean["n_seeds"] = per_run.groupby(["split", "pe"], sort=False)["seed"].nunique()
     mean = mean.reset_index()
-    out = RECORDS / "analyses" / lr_folder(lr)
     bad = int((~per_run["matches_record"]).sum())
     note = (
         "Share of each run's test items (every item once) by kind: correct, too short (stopped "
@@ -325,10 +341,7 @@ def accuracy_by_length(lr: float, root: Path | None = None) -> pd.DataFrame:
     out["n_seeds"] = per["seed"].nunique()
     out["evaluable"] = per["evaluable"].all()
     out = out.reset_index()
-    rank = {**{s: i for i, s in enumerate(PAPER_SPLITS)}, **{p: i for i, p in enumerate(FIVE_PES)}}
-    by_rank = lambda c: c.map(rank) if c.name in ("split", "pe") else c  # noqa: E731
-    out = out.sort_values(["split", "pe", "length"], key=by_rank)
-    return out[cols].reset_index(drop=True)
+    return in_paper_order(out, "length")[cols]
 
 
 def search_summary(runs: pd.DataFrame) -> tuple[pd.DataFrame, float | None]:

@@ -180,7 +180,7 @@ def test_analyse_runs_the_analyses_on_finished_grid_runs(tmp_path, monkeypatch):
         repro.analyse(1e-3, ["nosuch"])
 
 
-def test_errors_sorts_the_wrong_test_answers_of_the_tested_runs(tmp_path, monkeypatch):
+def test_errors_sorts_the_wrong_test_answers_of_the_tested_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(ROOT / "analyses"))
     runs, records = tmp_path / "runs", tmp_path / "records"
     monkeypatch.setattr(repro, "RUNS", runs)
@@ -200,6 +200,12 @@ def test_errors_sorts_the_wrong_test_answers_of_the_tested_runs(tmp_path, monkey
     for row in got.itertuples():
         rec = json.loads((out / f"copy.variant=rsc-{row.pe}-seed0" / RECORD).read_text())
         assert row.correct == pytest.approx(rec["ood_accuracy"])
+    # incremental: a second call decodes nothing and keeps every row
+    (out / "copy.variant=rsc-t5-seed0" / repro.CHECKPOINT).rename(tmp_path / "gone.pt")
+    repro.error_kinds(1e-3, ["rsc"])
+    assert "0 runs decoded, 2 kept" in capsys.readouterr().out
+    again = pd.read_csv(records / "analyses" / "lr=0.001" / "error_kinds_runs.csv")
+    pd.testing.assert_frame_equal(again, got)
     with pytest.raises(NopeinterpError, match="unknown split"):
         repro.error_kinds(1e-3, ["nosuch"])
 
