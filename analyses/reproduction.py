@@ -6,6 +6,7 @@
     python analyses/reproduction.py table [--lr X]  # search summary; run table + comparison
     python analyses/reproduction.py analyse --lr X  # probes, distance, attention on mdlen, len
     python analyses/reproduction.py errors --lr X   # how the wrong test answers fail (re-decodes)
+    python analyses/reproduction.py rebuild --lr X  # train committed runs again for checkpoints
 
 Every run uses `--preset repro` (nopeinterp/training/presets.py) with the learning rate passed
 explicitly. Checkpoints go under runs/reproduction/lr=<lr>/ (git-ignored); each finished run's
@@ -251,6 +252,80 @@ def prepare_grid_folder(lr: float) -> tuple[list[str], list[str]]:
                 record.unlink()
                 retrain.append(run)
     return restored, retrain
+
+
+REBUILT = "record.rebuilt.json"
+
+
+def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
+    """Train again on this machine the committed grid runs of `splits` x `seeds` whose
+    checkpoint is not here (runs/ is not committed; `analyse` and `errors` need checkpoints).
+    The committed record stays the run's record; the rebuilt run's own record is kept beside it
+    (record.rebuilt.json) and compared with it, into
+    analyses/results/reproduction/analyses/lr=<lr>/rebuilt_runs.*."""
+    from _common import print_written, write_table
+
+    committed = RECORDS / lr_folder(lr)
+    runs = [(split, spec) for split in splits for spec in split_runs(split, seeds)]
+    unrun = [run_name(s) for _, s in runs if not (committed / f"{run_name(s)}.json").exists()]
+    if unrun:
+        raise NopeinterpError(f"not in the grid's records yet (run `grid` first): {unrun[0]}")
+    for _, spec in runs:
+        folder = RUNS / lr_folder(lr) / run_name(spec)
+        if (folder / RECORD).exists() and not (folder / CHECKPOINT).exists():
+            (folder / RECORD).unlink()  # a restored committed record would make the sweep skip it
+    todo = [s for _, s in runs if not (RUNS / lr_folder(lr) / run_name(s) / REBUILT).exists()]
+    print(f"rebuild: {len(todo)} of {len(runs)} runs to train again", flush=True)
+    if todo:  # rebuilt runs are skipped by the sweep, interrupted ones resume
+        run_sweep(
+            [task_spec(s) for s in splits], FIVE_PES, seeds, RUNS / lr_folder(lr),
+            preset=PRESET, overrides={"lr": lr}, workers=workers, test="eval_set",
+        )  # fmt: skip
+    rows = []
+    for split, spec in runs:
+        folder = RUNS / lr_folder(lr) / run_name(spec)
+        if not (folder / REBUILT).exists():
+            shutil.move(folder / RECORD, folder / REBUILT)
+            shutil.copyfile(committed / f"{run_name(spec)}.json", folder / RECORD)
+        old, new = (json.loads((folder / f).read_text()) for f in (RECORD, REBUILT))
+        rows.append({"split": split, "pe": spec.pe, "seed": spec.seed, **compare_records(old, new)})
+    result = in_paper_order(pd.DataFrame(rows), "seed")
+    out = RECORDS / "analyses" / lr_folder(lr)
+    paths = write_table(
+        result, out, "rebuilt_runs", title="Runs trained again here, against their records",
+        notes="runs/ (checkpoints) is not committed: `reproduction.py rebuild` trains a run "
+        "again with its spec, seed and settings where an analysis needs its checkpoint. "
+        "max_loss_diff: the largest |difference| of the training loss over the validation "
+        "history (NaN: the committed record predates it); same_val: the same validation accuracy "
+        "at every check (without a history: the same best step and accuracy); same_test: the same "
+        "correct count at every test length.",
+    )  # fmt: skip
+    print(result.to_string(index=False))
+    print_written(paths)
+    return paths
+
+
+def compare_records(old: dict, new: dict) -> dict:
+    """How far a rebuilt run's record is from the committed record of the same run. Records
+    written before the validation history was recorded compare on the best checkpoint only."""
+    counts = lambda r: {(a["split"], a["length"]): a["correct"] for a in r["accuracy"]}  # noqa: E731
+    if "val_history" in old:
+        pairs = list(zip(old["val_history"], new["val_history"], strict=True))
+        loss_diff = max(abs(a["loss"] - b["loss"]) for a, b in pairs)
+        same_val = all(a["val_accuracy"] == b["val_accuracy"] for a, b in pairs)
+    else:
+        loss_diff = float("nan")
+        same_val = (old["best_step"], old["val_accuracy"]) == (
+            new["best_step"],
+            new["val_accuracy"],
+        )
+    return {
+        "max_loss_diff": loss_diff,
+        "same_val": same_val,
+        "same_test": counts(old) == counts(new),
+        "ood_accuracy": old["ood_accuracy"],
+        "ood_accuracy_rebuilt": new["ood_accuracy"],
+    }
 
 
 def search(workers: int = 1) -> None:
@@ -522,6 +597,11 @@ def main(argv=None) -> int:
     e = sub.add_parser("errors", help="sort the wrong test answers by kind (re-decodes)")
     e.add_argument("--lr", type=float, required=True)
     e.add_argument("--splits", nargs="+", choices=list(PAPER_SPLITS), default=None)
+    r = sub.add_parser("rebuild", help="train committed runs again here, for their checkpoints")
+    r.add_argument("--lr", type=float, required=True)
+    r.add_argument("--splits", nargs="+", choices=list(PAPER_SPLITS), default=list(ANALYSED_SPLITS))
+    r.add_argument("--seeds", nargs="+", type=int, choices=list(SEEDS), default=list(SEEDS))
+    r.add_argument("--workers", type=int, default=1)
     a = sub.add_parser("analyse")
     a.add_argument("--lr", type=float, required=True)
     a.add_argument("--splits", nargs="+", default=list(ANALYSED_SPLITS))
@@ -534,6 +614,8 @@ def main(argv=None) -> int:
             run_grid(args.lr, args.workers, args.splits, args.seeds)
         elif args.command == "errors":
             error_kinds(args.lr, args.splits)
+        elif args.command == "rebuild":
+            rebuild(args.lr, args.splits, args.seeds, args.workers)
         elif args.command == "analyse":
             analyse(args.lr, args.splits, args.quick)
         else:

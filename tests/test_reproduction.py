@@ -3,6 +3,7 @@ scored on `Task.eval_set("test")` (or no test at all during the LR search), and 
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -329,3 +330,49 @@ def test_grid_on_a_new_machine_restores_tested_records_and_retrains_the_rest(tmp
     (here / untested / "model.pt").write_bytes(b"")
     assert repro.prepare_grid_folder(1e-3) == ([], [])
     assert (here / untested / RECORD).exists()
+
+
+def test_rebuild_trains_committed_runs_again_and_compares_them(tmp_path, monkeypatch, capsys):
+    """A new machine has the records but no checkpoints: `rebuild` trains those runs again,
+    keeps the committed record as the run's record and reports how the two runs differ."""
+    monkeypatch.syspath_prepend(str(ROOT / "analyses"))
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    monkeypatch.setattr(repro, "RUNS", runs)
+    monkeypatch.setattr(repro, "RECORDS", records)
+    monkeypatch.setattr(repro, "FIVE_PES", ("nope", "t5"))
+    tiny = lambda *a, overrides, **k: run_sweep(  # noqa: E731
+        *a, overrides={**SMALL, **overrides}, **{**k, "preset": "tiny"}
+    )
+    monkeypatch.setattr(repro, "run_sweep", tiny)
+    with pytest.raises(NopeinterpError, match="run `grid` first"):
+        repro.rebuild(1e-3, ["rsc"], [0])
+    elsewhere = tmp_path / "elsewhere"  # the machine that ran the grid
+    tiny([repro.task_spec("rsc")], ["nope", "t5"], [0], elsewhere, overrides={"lr": 1e-3},
+         test="eval_set")  # fmt: skip
+    committed = records / "lr=0.001"
+    committed.mkdir(parents=True)
+    for run in ("copy.variant=rsc-nope-seed0", "copy.variant=rsc-t5-seed0"):
+        rec = json.loads((elsewhere / run / RECORD).read_text())
+        if run.endswith("t5-seed0"):
+            rec["accuracy"][0]["correct"] += 1  # as if the other machine had decoded otherwise
+            del rec["val_history"]  # and written its record before histories were kept
+        (committed / f"{run}.json").write_text(json.dumps(rec))
+    # the grid restored the committed record here earlier, without its checkpoint
+    (runs / "lr=0.001" / "copy.variant=rsc-nope-seed0").mkdir(parents=True)
+    shutil.copyfile(committed / "copy.variant=rsc-nope-seed0.json",
+                    runs / "lr=0.001" / "copy.variant=rsc-nope-seed0" / RECORD)  # fmt: skip
+
+    repro.rebuild(1e-3, ["rsc"], [0])
+    assert "rebuild: 2 of 2 runs to train again" in capsys.readouterr().out
+    got = pd.read_csv(records / "analyses" / "lr=0.001" / "rebuilt_runs.csv")
+    assert list(got["pe"]) == ["nope", "t5"]
+    nope, t5 = got.iloc[0], got.iloc[1]
+    # the same code, settings and seed on one machine: the very same run
+    assert nope["max_loss_diff"] == 0 and nope["same_val"] and nope["same_test"]
+    assert pd.isna(t5["max_loss_diff"]) and t5["same_val"] and not t5["same_test"]
+    for run in ("copy.variant=rsc-nope-seed0", "copy.variant=rsc-t5-seed0"):
+        here = runs / "lr=0.001" / run
+        assert (here / repro.CHECKPOINT).exists() and (here / repro.REBUILT).exists()
+        assert (here / RECORD).read_text() == (committed / f"{run}.json").read_text()
+    repro.rebuild(1e-3, ["rsc"], [0])
+    assert "rebuild: 0 of 2 runs to train again" in capsys.readouterr().out
