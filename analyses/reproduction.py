@@ -548,7 +548,8 @@ def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
     ours_runs = ours[["split", "pe", "seed", "ood_accuracy"]].copy()
     paper = paper_runs()  # read once: the comparison and its sensitivity view
     comparison = compare_with_paper(ours_runs, paper)
-    not_trained = ours.groupby(["split", "pe"])["did_not_train"].sum().rename("did_not_train_ours")
+    runs_below = ours["did_not_train"].astype(int)  # a count, also where a cell has one seed
+    not_trained = runs_below.groupby([ours["split"], ours["pe"]]).sum().rename("did_not_train_ours")
     comparison.table = comparison.table.merge(not_trained.reset_index(), on=["split", "pe"])
     cells = ours.groupby("split")["seed"].nunique().to_dict()
     print(f"\ncompared on complete (split, seed) cells only ({len(ours)} runs; seeds {cells}):")
