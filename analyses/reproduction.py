@@ -533,10 +533,12 @@ def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
         f"{int(done['did_not_train'].sum())} of {len(done)} trained runs below {DID_NOT_TRAIN}"
     )
     at_end = f"{int(done['best_at_last_step'].sum())} with their best checkpoint at the last step"
+    untimed = int(done["train_wall_s"].isna().sum())
+    untimed = f" ({untimed} runs without a training time: left out of the sum)" if untimed else ""
     paths += write_table(
         grid_runs, out, "runs", title=f"Grid runs at lr={lr:g}",
-        notes=f"Status {status}; {hours:.1f} h of run wall time in all (training and test "
-        f"decoding; test time recorded from 2026-12-03 on). {trained} ('did not train'), "
+        notes=f"Status {status}; {hours:.1f} h of run wall time in all{untimed} (training and "
+        f"test decoding; test time recorded from 2026-12-03 on). {trained} ('did not train'), "
         f"{at_end}.",
     )  # fmt: skip
     paths += length_tables(lr, out)

@@ -144,6 +144,11 @@ def test_sweep_interrupted_and_rerun_finishes_each_run_once_and_shards_agree(tmp
     assert set(third.values()) == {"skipped"}
     assert {p: p.stat().st_mtime_ns for p in a.rglob("record.json")} == stamps  # not rewritten
     assert not list(a.rglob("*.state.pt"))
+    # stopped after its training ended but before its record: the record comes without a time
+    (state_path.parent / "record.json").unlink()
+    fourth = run_sweep(**GRID, out=a, workers=2, overrides=STEPS)
+    assert sorted(fourth.values()) == ["finished", "skipped", "skipped", "skipped"]
+    assert json.loads((state_path.parent / "record.json").read_text())["run_wall_s"] is None
     # two shards, never interrupted, give the same records as the interrupted unsharded sweep
     s0 = run_sweep(**GRID, out=b, shard=(0, 2), overrides=STEPS)
     s1 = run_sweep(**GRID, out=b, shard=(1, 2), overrides=STEPS)

@@ -170,7 +170,8 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
     cfg = make_config(spec.task, spec.pe, ckpt, preset=plan.preset, **overrides)
     t0 = time.time()
     resumed_wall = 0.0
-    if state.exists() or not ckpt.exists():
+    trains_here = state.exists() or not ckpt.exists()
+    if trains_here:
         cfg.resume = True
         resumed_wall = _state_wall(state)
         try:
@@ -204,8 +205,9 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
         "test_items": None,
         "wall_time_s": meta.get("wall_time_s", round(time.time() - t0, 1)),
         # training to the end: this call, plus the saved training time of earlier calls it
-        # resumed (the steps redone after an interruption count once)
-        "run_wall_s": round(resumed_wall + time.time() - t0, 1),
+        # resumed (the steps redone after an interruption count once); None: the training
+        # ended in an earlier call stopped before its record was written, time not saved
+        "run_wall_s": round(resumed_wall + time.time() - t0, 1) if trains_here else None,
         "throughput": meta.get("throughput"),
         "versions": versions(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
