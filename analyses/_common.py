@@ -77,19 +77,22 @@ def write_figure(fig, out_dir, name: str, *, scale: float = 2.0) -> list[Path]:
     """`<name>.html` (offline, plotly.js inlined) and `<name>.png` beside it
     (nopeinterp.viz.export.save_png: kaleido with the system Chromium). When PNG export
     cannot run here, one line says why (once per run and reason) and only the HTML is written;
-    after a browser failure (not a missing browser) the next figure tries again."""
+    after a browser failure (not a missing browser) the next figure tries again. A PNG left by
+    an earlier run is then removed: it would no longer show what the HTML shows."""
     from nopeinterp.viz.export import PngBrowserFailed, PngExportUnavailable, save_png
     from nopeinterp.viz.html import save_figure
 
     out_dir = Path(out_dir)
     paths = [save_figure(fig, out_dir / f"{name}.html")]
+    png = out_dir / f"{name}.png"
     if _PNG_UNAVAILABLE:
+        _drop_stale(png)
         return paths
     try:
         paths.append(
             save_png(
                 fig,
-                out_dir / f"{name}.png",
+                png,
                 width=fig.layout.width or 900,
                 height=fig.layout.height or 500,
                 scale=scale,
@@ -101,7 +104,14 @@ def write_figure(fig, out_dir, name: str, *, scale: float = 2.0) -> list[Path]:
         if str(err) not in _PNG_NOTES:
             _PNG_NOTES.add(str(err))
             print(f"note: no PNG figures ({err}); the HTML figures work offline")
+        _drop_stale(png)
     return paths
+
+
+def _drop_stale(png: Path) -> None:
+    if png.exists():
+        png.unlink()
+        print(f"note: removed {png} of an earlier run (it would not match the new HTML)")
 
 
 def print_written(paths) -> None:

@@ -295,12 +295,14 @@ def test_write_figure_without_a_browser_says_why_once_and_keeps_the_html(
     common = load_script("_common")
     monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-chromium"))
     fig = go.Figure(go.Bar(y=[1, 2]))
+    (tmp_path / "a.png").write_bytes(b"an earlier run's figure")
+    (tmp_path / "b.png").write_bytes(b"an earlier run's figure")
     first = common.write_figure(fig, tmp_path, "a")
     second = common.write_figure(fig, tmp_path, "b")
     assert [p.name for p in first + second] == ["a.html", "b.html"]
     printed = capsys.readouterr().out
     assert printed.count("note: no PNG figures") == 1 and "needs Chromium" in printed
-    assert not list(tmp_path.glob("*.png"))
+    assert not list(tmp_path.glob("*.png"))  # stale figures do not stay beside new HTML
 
 
 def test_causal_position(ckpt_dir, tmp_path, capsys):
