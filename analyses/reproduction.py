@@ -143,7 +143,8 @@ def error_kinds(lr: float, splits=None) -> list[Path]:
     sorting each wrong answer by kind (too short, too long, wrong words: `error_kind`), into
     analyses/results/reproduction/analyses/lr=<lr>/error_kinds*. Each run's correct count per
     length is checked against its record (`matches_record`). Incremental: runs already in
-    error_kinds_runs.csv are kept, not decoded again (delete the file to redo them all)."""
+    error_kinds_runs.csv are kept, not decoded again (delete the file to redo them all); rebuilt
+    runs (`rebuild`) are left out, their checkpoint is not the one their record was tested on."""
     from _common import print_written, write_figure, write_table
 
     from nopeinterp.evaluation import ERROR_KINDS, evaluate
@@ -161,14 +162,18 @@ def error_kinds(lr: float, splits=None) -> list[Path]:
         else None
     )
     done = set() if kept is None else set(kept[["split", "pe", "seed"]].itertuples(index=False))
-    todo = []
+    todo, rebuilt = [], 0
     for split in splits:
         for spec in split_runs(split):
             run = RUNS / lr_folder(lr) / run_name(spec)
-            if (run / RECORD).exists() and (run / CHECKPOINT).exists():
+            if (run / REBUILT).exists():  # not the checkpoint its record was tested on
+                rebuilt += 1
+            elif (run / RECORD).exists() and (run / CHECKPOINT).exists():
                 rec = json.loads((run / RECORD).read_text())
                 if rec.get("ood_accuracy") is not None and (split, spec.pe, spec.seed) not in done:
                     todo.append((split, spec, run, rec))
+    if rebuilt:
+        print(f"error kinds: {rebuilt} rebuilt runs left out (`rebuild`: not the recorded runs)")
     if not todo and kept is None:
         raise NopeinterpError(f"no tested run with its checkpoint under {RUNS / lr_folder(lr)}")
     rows = []
@@ -262,7 +267,9 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
     checkpoint is not here (runs/ is not committed; `analyse` and `errors` need checkpoints).
     The committed record stays the run's record; the rebuilt run's own record is kept beside it
     (record.rebuilt.json) and compared with it, into
-    analyses/results/reproduction/analyses/lr=<lr>/rebuilt_runs.*."""
+    analyses/results/reproduction/analyses/lr=<lr>/rebuilt_runs.*. On one machine a rebuild is
+    the same run; on another CPU float rounding differs and training drifts apart from the
+    first step: a rebuilt run is then a new sample of the same protocol, not the recorded run."""
     from _common import print_written, write_table
 
     committed = RECORDS / lr_folder(lr)

@@ -376,3 +376,7 @@ def test_rebuild_trains_committed_runs_again_and_compares_them(tmp_path, monkeyp
         assert (here / RECORD).read_text() == (committed / f"{run}.json").read_text()
     repro.rebuild(1e-3, ["rsc"], [0])
     assert "rebuild: 0 of 2 runs to train again" in capsys.readouterr().out
+    # their checkpoints are not the ones the records were tested on: `errors` leaves them out
+    with pytest.raises(NopeinterpError, match="no tested run"):
+        repro.error_kinds(1e-3, ["rsc"])
+    assert "2 rebuilt runs left out" in capsys.readouterr().out
