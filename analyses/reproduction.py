@@ -268,8 +268,8 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
     The committed record stays the run's record; the rebuilt run's own record is kept beside it
     (record.rebuilt.json) and compared with it, into
     analyses/results/reproduction/analyses/lr=<lr>/rebuilt_runs.*. On one machine a rebuild is
-    the same run; on another CPU float rounding differs and training drifts apart from the
-    first step: a rebuilt run is then a new sample of the same protocol, not the recorded run."""
+    the same run; on another machine it may not be (float rounding differs between CPU models):
+    a rebuilt run is then a new sample of the same protocol, not the recorded run."""
     from _common import print_written, write_table
 
     committed = RECORDS / lr_folder(lr)
