@@ -302,10 +302,10 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
         result, out, "rebuilt_runs", title="Runs trained again here, against their records",
         notes="runs/ (checkpoints) is not committed: `reproduction.py rebuild` trains a run "
         "again with its spec, seed and settings where an analysis needs its checkpoint. "
-        "max_loss_diff: the largest |difference| of the training loss over the validation "
-        "history (NaN: the committed record predates it); same_val: the same validation accuracy "
-        "at every check (without a history: the same best step and accuracy); same_test: the same "
-        "correct count at every test length.",
+        "max_loss_diff: the largest |difference| of the training loss at the validation checks "
+        "both runs made up to their best step (NaN: the committed record has no history); "
+        "same_val: the same validation accuracy at every check and the same best step; "
+        "same_test: the same correct count at every test length.",
     )  # fmt: skip
     print(result.to_string(index=False))
     print_written(paths)
@@ -313,13 +313,16 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
 
 
 def compare_records(old: dict, new: dict) -> dict:
-    """How far a rebuilt run's record is from the committed record of the same run. Records
-    written before the validation history was recorded compare on the best checkpoint only."""
+    """How far a rebuilt run's record is from the committed record of the same run. Validation
+    histories end at each run's best step: the losses compare where both have a check. Records
+    written before histories were kept compare on the best checkpoint only."""
     counts = lambda r: {(a["split"], a["length"]): a["correct"] for a in r["accuracy"]}  # noqa: E731
     if "val_history" in old:
-        pairs = list(zip(old["val_history"], new["val_history"], strict=True))
+        pairs = list(zip(old["val_history"], new["val_history"], strict=False))  # to the shorter
         loss_diff = max(abs(a["loss"] - b["loss"]) for a, b in pairs)
-        same_val = all(a["val_accuracy"] == b["val_accuracy"] for a, b in pairs)
+        same_val = len(old["val_history"]) == len(new["val_history"]) and all(
+            a["val_accuracy"] == b["val_accuracy"] for a, b in pairs
+        )
     else:
         loss_diff = float("nan")
         same_val = (old["best_step"], old["val_accuracy"]) == (
@@ -330,6 +333,10 @@ def compare_records(old: dict, new: dict) -> dict:
         "max_loss_diff": loss_diff,
         "same_val": same_val,
         "same_test": counts(old) == counts(new),
+        "best_step": old["best_step"],
+        "best_step_rebuilt": new["best_step"],
+        "val_accuracy": old["val_accuracy"],
+        "val_accuracy_rebuilt": new["val_accuracy"],
         "ood_accuracy": old["ood_accuracy"],
         "ood_accuracy_rebuilt": new["ood_accuracy"],
     }
