@@ -380,3 +380,24 @@ def test_rebuild_trains_committed_runs_again_and_compares_them(tmp_path, monkeyp
     with pytest.raises(NopeinterpError, match="no tested run"):
         repro.error_kinds(1e-3, ["rsc"])
     assert "2 rebuilt runs left out" in capsys.readouterr().out
+
+
+def test_compare_records_of_runs_whose_best_steps_differ():
+    acc = lambda n: [{"split": "OOD", "length": 5, "correct": n}]  # noqa: E731
+    hist = [
+        {"step": 2, "loss": 1.0, "val_accuracy": 0.1},
+        {"step": 4, "loss": 0.5, "val_accuracy": 0.3},
+    ]
+    old = {"val_history": hist, "best_step": 4, "val_accuracy": 0.3, "accuracy": acc(3),
+           "ood_accuracy": 0.3}  # fmt: skip
+    new = {**old, "val_history": [{**hist[0], "loss": 1.25}], "best_step": 2, "accuracy": acc(2)}
+    got = repro.compare_records(old, new)
+    assert got["max_loss_diff"] == 0.25 and not got["same_val"] and not got["same_test"]
+    assert (got["best_step"], got["best_step_rebuilt"]) == (4, 2)
+    assert repro.compare_records(old, old) | {"max_loss_diff": 0} == {
+        **got,
+        "max_loss_diff": 0,
+        "same_val": True,
+        "same_test": True,
+        "best_step_rebuilt": 4,
+    }
