@@ -280,8 +280,9 @@ class DistanceStats:
         positive definite when the distances are connected through shared rows (every row
         holds its query's own distance 0) and its solution is the minimum-norm one: a
         Cholesky factorisation, in place. Otherwise (a caller's mask leaving distances
-        disconnected): the eigendecomposition with a cut-off, which needs about 3x the
-        memory of G.
+        disconnected) G stays singular: LAPACK's Cholesky then fails, or on some CPUs passes
+        with a tiny pivot; a solution that satisfies G f = b (checked) gives the same fit as any
+        other, else the eigendecomposition with a cut-off, which needs about 3x the memory of G.
         """
         b = self.b[:, seen].T
         # G is symmetric: its transposed view is the column-major layout LAPACK factors in
