@@ -35,6 +35,7 @@ from nopeinterp.zoo import checkpoint_name
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "reproduction"
 RECORDS = ROOT / "analyses" / "results" / "reproduction"
+REBUILT = "record.rebuilt.json"  # a rebuilt run's own record, beside the committed one
 PRESET = "repro"
 SEARCH_LRS = (3e-4, 1e-3, 3e-3)
 SEARCH_SPLITS = ("cmc", "mdlen")
@@ -259,9 +260,6 @@ def prepare_grid_folder(lr: float) -> tuple[list[str], list[str]]:
     return restored, retrain
 
 
-REBUILT = "record.rebuilt.json"
-
-
 def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
     """Train again on this machine the committed grid runs of `splits` x `seeds` whose
     checkpoint is not here (runs/ is not committed; `analyse` and `errors` need checkpoints).
@@ -272,16 +270,19 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
     a rebuilt run is then a new sample of the same protocol, not the recorded run."""
     from _common import print_written, write_table
 
-    committed = RECORDS / lr_folder(lr)
-    runs = [(split, spec) for split in splits for spec in split_runs(split, seeds)]
-    unrun = [run_name(s) for _, s in runs if not (committed / f"{run_name(s)}.json").exists()]
+    # (split, spec, its run folder here, its committed record)
+    runs = [
+        (split, spec, RUNS / lr_folder(lr) / run_name(spec),
+         RECORDS / lr_folder(lr) / f"{run_name(spec)}.json")
+        for split in splits for spec in split_runs(split, seeds)
+    ]  # fmt: skip
+    unrun = [record.stem for *_, record in runs if not record.exists()]
     if unrun:
         raise NopeinterpError(f"not in the grid's records yet (run `grid` first): {unrun[0]}")
-    for _, spec in runs:
-        folder = RUNS / lr_folder(lr) / run_name(spec)
+    for _, _, folder, _ in runs:
         if (folder / RECORD).exists() and not (folder / CHECKPOINT).exists():
             (folder / RECORD).unlink()  # a restored committed record would make the sweep skip it
-    todo = [s for _, s in runs if not (RUNS / lr_folder(lr) / run_name(s) / REBUILT).exists()]
+    todo = [folder for _, _, folder, _ in runs if not (folder / REBUILT).exists()]
     print(f"rebuild: {len(todo)} of {len(runs)} runs to train again", flush=True)
     if todo:  # rebuilt runs are skipped by the sweep, interrupted ones resume
         run_sweep(
@@ -289,11 +290,10 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
             preset=PRESET, overrides={"lr": lr}, workers=workers, test="eval_set",
         )  # fmt: skip
     rows = []
-    for split, spec in runs:
-        folder = RUNS / lr_folder(lr) / run_name(spec)
+    for split, spec, folder, record in runs:
         if not (folder / REBUILT).exists():
             shutil.move(folder / RECORD, folder / REBUILT)
-            shutil.copyfile(committed / f"{run_name(spec)}.json", folder / RECORD)
+            shutil.copyfile(record, folder / RECORD)
         old, new = (json.loads((folder / f).read_text()) for f in (RECORD, REBUILT))
         rows.append({"split": split, "pe": spec.pe, "seed": spec.seed, **compare_records(old, new)})
     result = in_paper_order(pd.DataFrame(rows), "seed")
@@ -547,8 +547,10 @@ def table(lr: float | None = None, out: Path | None = None) -> list[Path]:
         f"{int(done['did_not_train'].sum())} of {len(done)} trained runs below {DID_NOT_TRAIN}"
     )
     at_end = f"{int(done['best_at_last_step'].sum())} with their best checkpoint at the last step"
-    untimed = int(done["train_wall_s"].isna().sum())
-    untimed = f" ({untimed} runs without a training time: left out of the sum)" if untimed else ""
+    n_untimed = int(done["train_wall_s"].isna().sum())
+    untimed = (
+        f" ({n_untimed} runs without a training time: left out of the sum)" if n_untimed else ""
+    )
     paths += write_table(
         grid_runs, out, "runs", title=f"Grid runs at lr={lr:g}",
         notes=f"Status {status}; {hours:.1f} h of run wall time in all{untimed} (training and "

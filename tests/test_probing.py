@@ -141,6 +141,15 @@ def test_distance_r2_matches_dense_dummy_regression():
     np.testing.assert_allclose(ours, _dense_oracle(scores.numpy(), valid.numpy()), atol=1e-10)
 
 
+@pytest.fixture
+def eigh_calls(monkeypatch):
+    """A list that grows by one at each torch.linalg.eigh call (the fit's fallback solver)."""
+    calls = []
+    real_eigh = torch.linalg.eigh
+    monkeypatch.setattr(torch.linalg, "eigh", lambda *a, **k: calls.append(1) or real_eigh(*a, **k))
+    return calls
+
+
 def _masks(connected: bool):
     g = torch.Generator().manual_seed(7)
     N, H = 10, 2
@@ -155,32 +164,26 @@ def _masks(connected: bool):
 
 
 @pytest.mark.parametrize("connected", [True, False])
-def test_distance_fit_by_cholesky_or_eigh_matches_the_dense_regression(connected, monkeypatch):
+def test_distance_fit_by_cholesky_or_eigh_matches_the_dense_regression(connected, eigh_calls):
     """Connected distances (every row holds d = 0): the in-place Cholesky solve, eigh never
     runs. Distances in groups no row links: G is singular; whether LAPACK's Cholesky then
     fails (eigh fallback) or passes with a tiny pivot (any exact solution of the normal
     equations gives the same fit, checked by the residual) depends on the CPU; the fit must
     match either way."""
     scores, valid = _masks(connected)
-    calls = []
-    real_eigh = torch.linalg.eigh
-    monkeypatch.setattr(torch.linalg, "eigh", lambda *a, **k: calls.append(1) or real_eigh(*a, **k))
     ours = distance_r2(scores, valid).numpy()
     if connected:
-        assert not calls
+        assert not eigh_calls
     np.testing.assert_allclose(ours, _dense_oracle(scores.numpy(), valid.numpy()), atol=1e-10)
 
 
 @pytest.mark.parametrize("connected", [True, False])
-def test_distance_fit_falls_back_to_eigh_when_cholesky_fails(connected, monkeypatch):
+def test_distance_fit_falls_back_to_eigh_when_cholesky_fails(connected, eigh_calls, monkeypatch):
     scores, valid = _masks(connected)
-    calls = []
-    real_eigh = torch.linalg.eigh
-    monkeypatch.setattr(torch.linalg, "eigh", lambda *a, **k: calls.append(1) or real_eigh(*a, **k))
     failed = lambda G, out: (out[0], torch.tensor(1, dtype=torch.int32))  # noqa: E731
     monkeypatch.setattr(torch.linalg, "cholesky_ex", failed)
     ours = distance_r2(scores, valid).numpy()
-    assert calls
+    assert eigh_calls
     np.testing.assert_allclose(ours, _dense_oracle(scores.numpy(), valid.numpy()), atol=1e-10)
 
 
