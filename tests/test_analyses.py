@@ -287,6 +287,28 @@ def test_attention_similarity_across_seeds(ckpt_dir, tmp_path):
     assert s2["mean"].abs().max() < 1e-9
 
 
+def test_attention_similarity_cross_seeds_take_every_reference_from_the_next_seed(
+    ckpt_dir, tmp_path
+):
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    # "t5 seed 1" is NoPE seed 0's model: only the cross-seed ranking of seed 0 compares them
+    shutil.copy(ckpt_dir / "scan-nope.pt", seeds / "scan-t5-seed1.pt")
+    shutil.copy(ckpt_dir / "scan-alibi.pt", seeds / "scan-alibi-seed1.pt")
+    infos = {i.name: i for i in zoo.find_checkpoints([ckpt_dir, seeds], ["scan"])}
+    script = load_script("attention_similarity")
+    common = {"n_per_length": 1, "n_boot": 10, "progress": False}
+    same = script.across_seeds(infos, "scan", common, refs_seed="same")
+    cross = script.across_seeds(infos, "scan", common, refs_seed="next")
+    assert (same.ref_seed == same.seed).all()
+    assert (cross.ref_seed == cross.nope_prime_seed).all() and set(cross.seed) == {0, 1}
+    t5 = {(r.seed, r.split): r.mean for r in cross[cross.ref == "t5"].itertuples()}
+    assert t5[(0, "ID")] < 1e-9 and t5[(0, "OOD")] < 1e-9  # NoPE 0 against its own copy
+    assert min(same[same.ref == "t5"]["mean"]) > 1e-3  # never its own copy at the same seed
+    with pytest.raises(ValueError, match="same.*next"):
+        script.across_seeds(infos, "scan", common, refs_seed="other")
+
+
 def test_write_figure_without_a_browser_says_why_once_and_keeps_the_html(
     tmp_path, monkeypatch, capsys
 ):
