@@ -265,7 +265,8 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
     checkpoint is not here (runs/ is not committed; `analyse` and `errors` need checkpoints).
     The committed record stays the run's record; the rebuilt run's own record is kept beside it
     (record.rebuilt.json) and compared with it, into
-    analyses/results/reproduction/analyses/lr=<lr>/rebuilt_runs.*. On one machine a rebuild is
+    analyses/results/reproduction/analyses/lr=<lr>/rebuilt_runs.*, which lists every run
+    rebuilt on this machine (earlier calls' too). On one machine a rebuild is
     the same run; on another machine it may not be (float rounding differs between CPU models):
     a rebuilt run is then a new sample of the same protocol, not the recorded run."""
     from _common import print_written, write_table
@@ -282,20 +283,36 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
     for _, _, folder, _ in runs:
         if (folder / RECORD).exists() and not (folder / CHECKPOINT).exists():
             (folder / RECORD).unlink()  # a restored committed record would make the sweep skip it
-    todo = [folder for _, _, folder, _ in runs if not (folder / REBUILT).exists()]
-    print(f"rebuild: {len(todo)} of {len(runs)} runs to train again", flush=True)
-    if todo:  # rebuilt runs are skipped by the sweep, interrupted ones resume
+    # a run the grid trained on this machine still has its own checkpoint: nothing to rebuild
+    own = {
+        folder for _, _, folder, record in runs
+        if not (folder / REBUILT).exists() and (folder / CHECKPOINT).exists()
+        and (folder / RECORD).exists() and (folder / RECORD).read_bytes() == record.read_bytes()
+    }  # fmt: skip
+    todo = [f for _, _, f, _ in runs if not (f / REBUILT).exists() and f not in own]
+    print(
+        f"rebuild: {len(todo)} of {len(runs)} runs to train again"
+        + (f" ({len(own)} have their own checkpoint here)" if own else ""),
+        flush=True,
+    )
+    if todo:  # rebuilt and own runs are skipped by the sweep, interrupted ones resume
         run_sweep(
             [task_spec(s) for s in splits], FIVE_PES, seeds, RUNS / lr_folder(lr),
             preset=PRESET, overrides={"lr": lr}, workers=workers, test="eval_set",
         )  # fmt: skip
-    rows = []
-    for split, spec, folder, record in runs:
-        if not (folder / REBUILT).exists():
+    for _, _, folder, record in runs:
+        if folder not in own and not (folder / REBUILT).exists():
             shutil.move(folder / RECORD, folder / REBUILT)
             shutil.copyfile(record, folder / RECORD)
-        old, new = (json.loads((folder / f).read_text()) for f in (RECORD, REBUILT))
-        rows.append({"split": split, "pe": spec.pe, "seed": spec.seed, **compare_records(old, new)})
+    rows = []  # every run rebuilt here so far, not only this call's: the table is the machine's
+    for split in PAPER_SPLITS:
+        for spec in split_runs(split):
+            folder = RUNS / lr_folder(lr) / run_name(spec)
+            if (folder / REBUILT).exists():
+                old, new = (json.loads((folder / f).read_text()) for f in (RECORD, REBUILT))
+                rows.append(
+                    {"split": split, "pe": spec.pe, "seed": spec.seed, **compare_records(old, new)}
+                )
     result = in_paper_order(pd.DataFrame(rows), "seed")
     out = RECORDS / "analyses" / lr_folder(lr)
     paths = write_table(

@@ -380,6 +380,21 @@ def test_rebuild_trains_committed_runs_again_and_compares_them(tmp_path, monkeyp
     with pytest.raises(NopeinterpError, match="no tested run"):
         repro.error_kinds(1e-3, ["rsc"])
     assert "2 rebuilt runs left out" in capsys.readouterr().out
+    # seed 1 ran here in the grid: its own checkpoints stay, not rebuilt nor marked as rebuilt,
+    # and the table keeps listing the seed-0 runs rebuilt by the call before
+    tiny([repro.task_spec("rsc")], ["nope", "t5"], [1], runs / "lr=0.001",
+         overrides={"lr": 1e-3}, test="eval_set")  # fmt: skip
+    for run in ("copy.variant=rsc-nope-seed1", "copy.variant=rsc-t5-seed1"):
+        shutil.copyfile(runs / "lr=0.001" / run / RECORD, committed / f"{run}.json")
+    repro.rebuild(1e-3, ["rsc"], [1])
+    assert "0 of 2 runs to train again (2 have their own checkpoint here)" in (
+        capsys.readouterr().out
+    )
+    got = pd.read_csv(records / "analyses" / "lr=0.001" / "rebuilt_runs.csv")
+    assert list(zip(got["pe"], got["seed"], strict=True)) == [("nope", 0), ("t5", 0)]
+    assert not (runs / "lr=0.001" / "copy.variant=rsc-nope-seed1" / repro.REBUILT).exists()
+    repro.error_kinds(1e-3, ["rsc"])  # the seed-1 runs are the recorded ones: decoded
+    assert "error kinds: 2 runs decoded" in capsys.readouterr().out
 
 
 def test_compare_records_of_runs_whose_best_steps_differ():
