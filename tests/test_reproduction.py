@@ -15,7 +15,7 @@ from nopeinterp.evaluation import evaluate
 from nopeinterp.tasks import PAPER_SPLITS, get_task
 from nopeinterp.training import make_config
 from nopeinterp.training.sweep import RECORD, run_sweep
-from nopeinterp.training.trainer import TrainConfig, validation_examples
+from nopeinterp.training.trainer import TrainConfig, _lock, validation_examples
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("reproduction", ROOT / "analyses/reproduction.py")
@@ -395,6 +395,21 @@ def test_rebuild_trains_committed_runs_again_and_compares_them(tmp_path, monkeyp
     assert not (runs / "lr=0.001" / "copy.variant=rsc-nope-seed1" / repro.REBUILT).exists()
     repro.error_kinds(1e-3, ["rsc"])  # the seed-1 runs are the recorded ones: decoded
     assert "error kinds: 2 runs decoded" in capsys.readouterr().out
+    # two rebuilds at once: the one that ends first leaves the other's run to the other
+    tiny([repro.task_spec("rsc")], ["nope", "t5"], [2], elsewhere, overrides={"lr": 1e-3},
+         test="eval_set")  # fmt: skip
+    for run in ("copy.variant=rsc-nope-seed2", "copy.variant=rsc-t5-seed2"):
+        shutil.copyfile(elsewhere / run / RECORD, committed / f"{run}.json")
+    other = _lock(runs / "lr=0.001" / "copy.variant=rsc-t5-seed2" / repro.CHECKPOINT)
+    repro.rebuild(1e-3, ["rsc"], [2])
+    assert "1 runs are training in another process" in capsys.readouterr().out
+    got = pd.read_csv(records / "analyses" / "lr=0.001" / "rebuilt_runs.csv")
+    assert set(zip(got["pe"], got["seed"], strict=True)) == {("nope", 0), ("t5", 0), ("nope", 2)}
+    other.release()
+    repro.rebuild(1e-3, ["rsc"], [2])
+    got = pd.read_csv(records / "analyses" / "lr=0.001" / "rebuilt_runs.csv")
+    t5_2 = got[(got["pe"] == "t5") & (got["seed"] == 2)]
+    assert len(got) == 4 and t5_2["same_val"].item() and t5_2["same_test"].item()
 
 
 def test_compare_records_of_runs_whose_best_steps_differ():
