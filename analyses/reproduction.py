@@ -45,6 +45,17 @@ DID_NOT_TRAIN = 0.90  # best validation accuracy below this: "did not train"
 TIE = 0.01  # LR criterion: within this of the best mean, the smallest rate wins
 
 
+def is_recorded_run(folder: Path, record: Path) -> bool:
+    """Whether the checkpoint in `folder` is the one its committed `record` was tested on. A
+    rebuilt run is not: marked (REBUILT), or still being rebuilt (its own record differs)."""
+    return (
+        not (folder / REBUILT).exists()
+        and (folder / CHECKPOINT).exists()
+        and (folder / RECORD).exists()
+        and (folder / RECORD).read_bytes() == record.read_bytes()
+    )
+
+
 def task_spec(split: str) -> str:
     """The sweep's task spec of a paper split, e.g. 'copy:variant=rsc'."""
     s = PAPER_SPLITS[split]
@@ -167,12 +178,15 @@ def error_kinds(lr: float, splits=None) -> list[Path]:
     for split in splits:
         for spec in split_runs(split):
             run = RUNS / lr_folder(lr) / run_name(spec)
-            if (run / REBUILT).exists():  # not the checkpoint its record was tested on
+            record = RECORDS / lr_folder(lr) / f"{run_name(spec)}.json"
+            if not (run / CHECKPOINT).exists() or not record.exists():
+                continue
+            if not is_recorded_run(run, record):  # not the checkpoint its record was tested on
                 rebuilt += 1
-            elif (run / RECORD).exists() and (run / CHECKPOINT).exists():
-                rec = json.loads((run / RECORD).read_text())
-                if rec.get("ood_accuracy") is not None and (split, spec.pe, spec.seed) not in done:
-                    todo.append((split, spec, run, rec))
+                continue
+            rec = json.loads(record.read_text())
+            if rec.get("ood_accuracy") is not None and (split, spec.pe, spec.seed) not in done:
+                todo.append((split, spec, run, rec))
     if rebuilt:
         print(f"error kinds: {rebuilt} rebuilt runs left out (`rebuild`: not the recorded runs)")
     if not todo and kept is None:
@@ -284,11 +298,7 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
         if (folder / RECORD).exists() and not (folder / CHECKPOINT).exists():
             (folder / RECORD).unlink()  # a restored committed record would make the sweep skip it
     # a run the grid trained on this machine still has its own checkpoint: nothing to rebuild
-    own = {
-        folder for _, _, folder, record in runs
-        if not (folder / REBUILT).exists() and (folder / CHECKPOINT).exists()
-        and (folder / RECORD).exists() and (folder / RECORD).read_bytes() == record.read_bytes()
-    }  # fmt: skip
+    own = {folder for _, _, folder, record in runs if is_recorded_run(folder, record)}
     todo = [f for _, _, f, _ in runs if not (f / REBUILT).exists() and f not in own]
     print(
         f"rebuild: {len(todo)} of {len(runs)} runs to train again"

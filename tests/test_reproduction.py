@@ -191,6 +191,9 @@ def test_errors_sorts_the_wrong_test_answers_of_the_tested_runs(tmp_path, monkey
     out = runs / repro.lr_folder(1e-3)
     run_sweep([repro.task_spec("rsc")], ["nope", "t5"], [0], out, preset="tiny", overrides=SMALL,
               test="eval_set")  # fmt: skip
+    (records / "lr=0.001").mkdir(parents=True)
+    for run in ("copy.variant=rsc-nope-seed0", "copy.variant=rsc-t5-seed0"):  # as `grid` does
+        shutil.copyfile(out / run / RECORD, records / "lr=0.001" / f"{run}.json")
     with pytest.raises(NopeinterpError, match="no tested run"):
         repro.error_kinds(1e-3, ["cmc"])
     repro.error_kinds(1e-3, ["rsc"])
@@ -406,6 +409,13 @@ def test_rebuild_trains_committed_runs_again_and_compares_them(tmp_path, monkeyp
     got = pd.read_csv(records / "analyses" / "lr=0.001" / "rebuilt_runs.csv")
     assert set(zip(got["pe"], got["seed"], strict=True)) == {("nope", 0), ("t5", 0), ("nope", 2)}
     other.release()
+    # the other process ends its run; until it is marked, `errors` must not take it for the
+    # recorded run (its checkpoint and record are the rebuild's)
+    tiny([repro.task_spec("rsc")], ["t5"], [2], runs / "lr=0.001", overrides={"lr": 1e-3},
+         test="eval_set")  # fmt: skip
+    repro.error_kinds(1e-3, ["rsc"])
+    out = capsys.readouterr().out
+    assert "4 rebuilt runs left out" in out and "0 runs decoded, 2 kept" in out
     repro.rebuild(1e-3, ["rsc"], [2])
     got = pd.read_csv(records / "analyses" / "lr=0.001" / "rebuilt_runs.csv")
     t5_2 = got[(got["pe"] == "t5") & (got["seed"] == 2)]
