@@ -310,18 +310,19 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
             [task_spec(s) for s in splits], FIVE_PES, seeds, RUNS / lr_folder(lr),
             preset=PRESET, overrides={"lr": lr}, workers=workers, test="eval_set",
         )  # fmt: skip
-    busy = 0
+    unfinished = 0
     for _, _, folder, record in runs:
         if folder in own or (folder / REBUILT).exists():
             continue
-        if not (folder / RECORD).exists():  # the sweep skipped it: another process trains it
-            busy += 1
+        if not (folder / RECORD).exists():  # another process trains it, or it was interrupted
+            unfinished += 1
             continue
         shutil.move(folder / RECORD, folder / REBUILT)
         shutil.copyfile(record, folder / RECORD)
-    if busy:
-        print(f"rebuild: {busy} runs are training in another process; run `rebuild` again "
-              "when it ends, to add them to the table", flush=True)  # fmt: skip
+    if unfinished:
+        print(f"rebuild: {unfinished} runs not finished (training in another process, or "
+              "interrupted); run `rebuild` again later to finish them and add them to the "
+              "table", flush=True)  # fmt: skip
     rows = []  # every run rebuilt here so far, not only this call's: the table is the machine's
     for split in PAPER_SPLITS:
         for spec in split_runs(split):

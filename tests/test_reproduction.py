@@ -405,7 +405,7 @@ def test_rebuild_trains_committed_runs_again_and_compares_them(tmp_path, monkeyp
         shutil.copyfile(elsewhere / run / RECORD, committed / f"{run}.json")
     other = _lock(runs / "lr=0.001" / "copy.variant=rsc-t5-seed2" / repro.CHECKPOINT)
     repro.rebuild(1e-3, ["rsc"], [2])
-    assert "1 runs are training in another process" in capsys.readouterr().out
+    assert "1 runs not finished (training in another process" in capsys.readouterr().out
     got = pd.read_csv(records / "analyses" / "lr=0.001" / "rebuilt_runs.csv")
     assert set(zip(got["pe"], got["seed"], strict=True)) == {("nope", 0), ("t5", 0), ("nope", 2)}
     other.release()
