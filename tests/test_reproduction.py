@@ -441,3 +441,21 @@ def test_compare_records_of_runs_whose_best_steps_differ():
         "same_test": True,
         "best_step_rebuilt": 4,
     }
+
+
+def test_committed_mrr_table_gives_the_paper_side_of_the_paper_runs():
+    """REPORT's paper-side MRR column is read from the committed table: it must be what the MRR
+    code gives on the paper's own per-run table, over the same splits and cells."""
+    from nopeinterp.paper import PAPER_MRR_EXCLUDED, mean_reciprocal_rank, paper_runs
+
+    committed = pd.read_csv(
+        ROOT / "analyses" / "results" / "reproduction" / "tables" / "lr=0.001"
+        / "paper_comparison_mrr.csv"
+    )  # fmt: skip
+    paper_side = committed[committed["side"] == "paper"].set_index("pe")
+    splits = [s for s in PAPER_SPLITS if s not in PAPER_MRR_EXCLUDED]
+    expected = mean_reciprocal_rank(paper_runs(), splits=splits).set_index("pe")
+    assert len(splits) == 9 and (paper_side["n_cells"] == 27).all()
+    for col in ("mrr", "ci_low", "ci_high"):
+        assert paper_side[col].to_numpy() == pytest.approx(expected.loc[paper_side.index, col])
+    assert round(paper_side.loc["nope", "mrr"], 3) == 0.784
