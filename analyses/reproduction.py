@@ -76,16 +76,21 @@ def lr_folder(lr: float) -> str:
     return f"lr={lr:g}"
 
 
+def committed_record(lr: float, run: str) -> Path:
+    """Where the grid commits run `run`'s record (a copy of its run folder's record.json)."""
+    return RECORDS / lr_folder(lr) / f"{run}.json"
+
+
 def _sweep(splits, seeds, lr: float, test: str, workers: int) -> dict:
     out = RUNS / lr_folder(lr)
-    dest = RECORDS / lr_folder(lr)
 
     def log(line: str) -> None:
         print(line, flush=True)
         run, _, status = line.partition(": ")
         if status in ("finished", "tested", "skipped") and (out / run / RECORD).exists():
-            dest.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(out / run / RECORD, dest / f"{run}.json")
+            dest = committed_record(lr, run)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out / run / RECORD, dest)
 
     return run_sweep(
         [task_spec(s) for s in splits],
@@ -178,7 +183,7 @@ def error_kinds(lr: float, splits=None) -> list[Path]:
     for split in splits:
         for spec in split_runs(split):
             run = RUNS / lr_folder(lr) / run_name(spec)
-            record = RECORDS / lr_folder(lr) / f"{run_name(spec)}.json"
+            record = committed_record(lr, run_name(spec))
             if not (run / CHECKPOINT).exists() or not record.exists():
                 continue
             if not is_recorded_run(run, record):  # not the checkpoint its record was tested on
@@ -287,8 +292,7 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
 
     # (split, spec, its run folder here, its committed record)
     runs = [
-        (split, spec, RUNS / lr_folder(lr) / run_name(spec),
-         RECORDS / lr_folder(lr) / f"{run_name(spec)}.json")
+        (split, spec, RUNS / lr_folder(lr) / run_name(spec), committed_record(lr, run_name(spec)))
         for split in splits for spec in split_runs(split, seeds)
     ]  # fmt: skip
     unrun = [record.stem for *_, record in runs if not record.exists()]
