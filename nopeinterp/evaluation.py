@@ -20,6 +20,7 @@ from nopeinterp.data import as_model, max_positions, resolve_task, task_examples
 from nopeinterp.progress import progress as progress_bar
 from nopeinterp.results import Result
 from nopeinterp.tasks import Example, decode_answer, encode_examples
+from nopeinterp.tasks.scratchpad import score_steps
 
 
 def _left_pad(batch, pad_id):
@@ -104,6 +105,20 @@ def exact_match(model, tokenizer, task, examples, *, batch_size=64, use_cache=Tr
     return [task.is_correct(ex, a) for ex, a in zip(examples, answers, strict=True)]
 
 
+def scratchpad_columns(examples, answers) -> dict:
+    """Step scores of one length's answers: `steps_right` (mean share of gold steps written
+    right, at their index), `all_steps_right` (items with every step right and no extra one)
+    and `first_wrong_step` (mean index of the first wrong or missing step, over the items
+    that have one; NaN when none has)."""
+    scores = [score_steps(ex.target, a) for ex, a in zip(examples, answers, strict=True)]
+    wrong = [s.first_wrong for s in scores if s.first_wrong is not None]
+    return {
+        "steps_right": sum(s.share_right for s in scores) / len(scores),
+        "all_steps_right": len(scores) - len(wrong),
+        "first_wrong_step": sum(wrong) / len(wrong) if wrong else math.nan,
+    }
+
+
 ERROR_KINDS = ("correct", "too short", "too long", "wrong words")
 
 
@@ -139,8 +154,13 @@ class EvalResult(Result):
             ok_n=table["n"].where(table["evaluable"], 0),
             not_evaluable=~table["evaluable"].astype(bool),
         )
+        steps = "steps_right" in table
+        if steps:  # a share per item: weighted by items, like the accuracy
+            t["ok_steps"] = (table["steps_right"] * table["n"]).where(table["evaluable"], 0)
+            t["ok_all_steps"] = table["all_steps_right"].where(table["evaluable"], 0)
+        step_cols = ["ok_steps", "ok_all_steps"] if steps else []
         g = t.groupby(["model", "pe", "split"], sort=False)[
-            ["ok_correct", "ok_n", "not_evaluable", *kinds]
+            ["ok_correct", "ok_n", "not_evaluable", *kinds, *step_cols]
         ].sum()
         n = g["ok_n"].where(g["ok_n"] > 0)
         out = pd.DataFrame(
@@ -149,6 +169,11 @@ class EvalResult(Result):
                 "n": g["ok_n"].astype(int),
                 "lengths_not_evaluable": g["not_evaluable"].astype(int),
                 **{k: g[k] / n for k in kinds},
+                **(
+                    {"steps_right": g["ok_steps"] / n, "all_steps_right": g["ok_all_steps"] / n}
+                    if steps
+                    else {}
+                ),
             }
         )
         return out.reset_index()
@@ -256,6 +281,8 @@ def evaluate(
         row = {**row, "correct": correct, "accuracy": correct / len(kinds), "evaluable": True}
         if error_kinds:
             row.update({k: kinds.count(k) for k in ERROR_KINDS[1:]})
+        if task.scratchpad:
+            row.update(scratchpad_columns(examples, answers))
         rows.append(row)
     if not rows:
         raise ValueError(f"no evaluable lengths among {list(lengths)} for task {task.name}")

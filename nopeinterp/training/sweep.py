@@ -79,6 +79,9 @@ def parse_task_spec(text: str) -> tuple[str, dict]:
                 f"bad task option {item!r} in {text!r} (use e.g. copy:variant=rsc,id_lengths=2-20)"
             )
         options[key] = _value(value)
+    from nopeinterp.tasks import get_task
+
+    get_task(name, **options)  # a bad option (e.g. an unknown scratchpad letter) stops here
     return name, options
 
 
