@@ -32,7 +32,9 @@ class ParityTask(Task):
         seq = " ".join(map(str, bits))
         prompt = f"Is the number of 1 's even in the sequence [ {seq} ] ?"
         answer = "Yes" if sum(bits) % 2 == 0 else "No"
-        return Example(prompt, self.target(answer_sentence(answer), lambda: self.steps(bits)), length)
+        return Example(
+            prompt, self.target(answer_sentence(answer), lambda: self.steps(bits)), length
+        )
 
     @staticmethod
     def steps(bits: list[int]) -> list[Step]:

@@ -42,9 +42,10 @@ OPEN = ("Thinking", "step", "by", "step", ":")
 CLOSE = (".", "Thus", ",")
 TEMPLATE_WORDS = (*OPEN, *MARKERS.values(), VARIABLES_END, STEP_SEPARATOR, *CLOSE)
 NONE = "none"
-# Token regions a labelled sequence is split into (`label_words`), in display order.
-PROMPT, MARKS, ANSWER = "prompt", "markers", "answer"
-REGIONS = (PROMPT, *COMPONENT_NAMES.values(), MARKS, ANSWER)
+# Token regions of a labelled sequence, in display order: the start token, the prompt, then
+# what `label_words` gives the words after the prompt.
+START, PROMPT, MARKS, ANSWER = "start", "prompt", "markers", "answer"
+REGIONS = (START, PROMPT, *COMPONENT_NAMES.values(), MARKS, ANSWER)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,9 @@ def parse_format(value, *, task: str = "task", allowed: str = COMPONENTS) -> str
     if value is None or value is False or value == "" or value == NONE:
         return ""
     if not isinstance(value, str):
-        raise TaskError(f"{task}: scratchpad must be letters of {COMPONENTS} or 'none', got {value!r}")
+        raise TaskError(
+            f"{task}: scratchpad must be letters of {COMPONENTS} or 'none', got {value!r}"
+        )
     for letter in value:
         if letter not in COMPONENTS:
             raise TaskError(
