@@ -227,7 +227,8 @@ def evaluate(
     `n=None`: each length's items of the task's evaluation set instead (`Task.eval_set`: every
     item once, the task's default size; SCAN's OOD lengths: the whole pool).
     `error_kinds=True` adds one count column per kind of wrong answer (`ERROR_KINDS`: too
-    short, too long, wrong words; see `error_kind`).
+    short, too long, wrong words; see `error_kind`). A task with a scratchpad is scored on the
+    answer after its closing marker, and gets the step columns of `scratchpad_columns`.
     """
     if n is not None and n < 1:
         raise ValueError(f"n (examples per length) must be >= 1, got {n}")

@@ -378,3 +378,20 @@ def test_counter_of_steps_matches_length():
         task = get_task(name, scratchpad=fmt)
         for ex in task.generate(10, split="test"):
             assert Counter(ex.target.split())["#"] == ex.length - 1
+
+
+def test_paper_scratchpad_runs_read_the_official_file():
+    import csv
+
+    from nopeinterp.paper import PAPER_PES, PAPER_SCRATCHPAD, paper_scratchpad_runs
+
+    runs = paper_scratchpad_runs()
+    with open(PAPER_SCRATCHPAD) as f:
+        raw = [r for r in csv.DictReader(f) if r["test_acc_overall"]]
+    assert len(runs) == len(raw)
+    for row, r in zip(runs.itertuples(), raw, strict=True):
+        assert row.pe == PAPER_PES[r["pe"]] and row.seed == int(r["seed"])
+        assert row.ood_accuracy == float(r["test_acc_overall"])
+        flags = [p[-1] == "1" for p in r["scratchpad"].split("_")]
+        assert row.scratchpad == "".join(c for c, on in zip("icovr", flags, strict=True) if on)
+        assert row.task == r["dataset"].removeprefix("s2s_")
