@@ -201,6 +201,18 @@ class EvalResult(Result):
         return cls(pd.concat([r.table for r in results], ignore_index=True), meta)
 
 
+def model_and_task(model, data=None, name: str | None = None):
+    """(ModelInput, Task, tokenizer) of a model and its task: `data` (a task name, Task, dict
+    or (task, tokenizer) pair) or, when None, the checkpoint's own task with its options."""
+    mi = as_model(model, name)
+    if data is None:
+        data = mi.task_spec
+        if data is None:
+            raise ValueError(f"{mi.name}: records no task; pass data= (a task name or Task)")
+    task, tokenizer = resolve_task(data, mi.tokenizer, mi.model)
+    return mi, task, tokenizer
+
+
 def evaluate(
     model,
     data=None,
@@ -234,12 +246,7 @@ def evaluate(
         raise ValueError(f"n (examples per length) must be >= 1, got {n}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    mi = as_model(model, name)
-    if data is None:
-        data = mi.task_spec
-        if data is None:
-            raise ValueError(f"{mi.name}: records no task; pass data= (a task name or Task)")
-    task, tokenizer = resolve_task(data, mi.tokenizer, mi.model)
+    mi, task, tokenizer = model_and_task(model, data, name)
     if lengths is None:
         lengths = task_lengths(task)
     else:

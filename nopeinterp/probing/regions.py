@@ -21,15 +21,8 @@ from typing import ClassVar
 import pandas as pd
 import torch
 
-from nopeinterp.data import (
-    Sequences,
-    as_model,
-    max_positions,
-    resolve_task,
-    task_examples,
-    task_lengths,
-)
-from nopeinterp.evaluation import greedy_answers
+from nopeinterp.data import Sequences, max_positions, task_examples, task_lengths
+from nopeinterp.evaluation import greedy_answers, model_and_task
 from nopeinterp.probing._stream import attention_batches, row_blocks
 from nopeinterp.results import Result
 from nopeinterp.tasks.scratchpad import PROMPT, REGIONS, START, label_words
@@ -146,12 +139,7 @@ def attention_regions(
         raise ValueError(f"tokens must be one of {', '.join(TOKENS)}, got {tokens!r}")
     if n < 1 or batch_size < 1:
         raise ValueError(f"n and batch_size must be >= 1, got {n} and {batch_size}")
-    mi = as_model(model, name)
-    if data is None:
-        data = mi.task_spec
-        if data is None:
-            raise ValueError(f"{mi.name}: records no task; pass data= (a task name or Task)")
-    task, tokenizer = resolve_task(data, mi.tokenizer, mi.model)
+    mi, task, tokenizer = model_and_task(model, data, name)
     net = mi.model
     if isinstance(net, torch.nn.Module):
         net.eval()
