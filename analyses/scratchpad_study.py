@@ -31,12 +31,12 @@ from _common import RESULTS, ROOT, to_markdown, write_figure, write_table  # noq
 
 # --- the protocol (PROTOCOL.md, "Scratchpad study"); nothing here is tuned -------------------
 TASKS = (
-    "addition:scratchpad=icovr",
     "addition:scratchpad=none",
+    "addition:scratchpad=icovr",
     "addition:scratchpad=co",
     "addition:scratchpad=ivr",
-    "lego:scratchpad=icor",
     "lego:scratchpad=none",
+    "lego:scratchpad=icor",
 )
 PES = ("nope", "t5", "alibi", "rotary", "sinusoidal")
 SEEDS = (0, 1)
