@@ -23,6 +23,12 @@ N_LAYERS, N_HEADS, D_HEAD, D_MODEL, D_FF, VOCAB = 2, 3, 16, 20, 40, 50
 BUCKETS, MAX_DISTANCE = 8, 20  # small, so a 30-token input reaches the log and last buckets
 
 
+def t5_model(pe, **kwargs):
+    """A T5-architecture model of the test shape (3 heads of 16, d_model 20)."""
+    shape = dict(n_layers=N_LAYERS, n_heads=N_HEADS, d_head=D_HEAD, d_model=D_MODEL, d_mlp=D_FF)
+    return build_model(pe, arch="t5", d_vocab=VOCAB, **shape, **kwargs)
+
+
 def t5_pair(seed=0):
     """(transformers T5Stack, our t5-PE T5-architecture model holding its weights)."""
     from transformers import T5Config
@@ -52,19 +58,7 @@ def t5_pair(seed=0):
                 param.uniform_(0.5, 1.5)
             if "relative_attention_bias" in name:
                 param.normal_(0, 2.0)
-    model = build_model(
-        "t5",
-        arch="t5",
-        n_layers=N_LAYERS,
-        n_heads=N_HEADS,
-        d_head=D_HEAD,
-        d_model=D_MODEL,
-        d_mlp=D_FF,
-        d_vocab=VOCAB,
-        n_ctx=64,
-        num_buckets=BUCKETS,
-        max_distance=MAX_DISTANCE,
-    )
+    model = t5_model("t5", n_ctx=64, num_buckets=BUCKETS, max_distance=MAX_DISTANCE)
     state = t5_state_to_ours(
         stack.state_dict(), n_layers=N_LAYERS, n_heads=N_HEADS, d_head=D_HEAD, pe="t5"
     )
@@ -236,19 +230,7 @@ def reference_forward(model, tokens, layer_pe):
     ],
 )
 def test_t5_architecture_equals_the_official_definitions(pe, layer_pe):
-    model = build_model(
-        pe,
-        arch="t5",
-        layer_pe=layer_pe,
-        n_layers=N_LAYERS,
-        n_heads=N_HEADS,
-        d_head=D_HEAD,
-        d_model=D_MODEL,
-        d_mlp=D_FF,
-        d_vocab=VOCAB,
-        n_ctx=32,
-        seed=4,
-    )
+    model = t5_model(pe, layer_pe=layer_pe, n_ctx=32, seed=4)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(".w"):  # the RMS norm weights, away from their init of 1
@@ -415,6 +397,16 @@ def write_codellm_dir(
         from safetensors.torch import save_file
 
         save_file(state, str(path / "model.safetensors"))
+    elif fmt == "sharded":  # two files and their index, as save_pretrained shards
+        from safetensors.torch import save_file
+
+        keys = sorted(state)
+        shards = {"model-00001-of-00002.safetensors": keys[::2]}
+        shards["model-00002-of-00002.safetensors"] = keys[1::2]
+        for name, part in shards.items():
+            save_file({k: state[k] for k in part}, str(path / name))
+        index = {"weight_map": {k: name for name, part in shards.items() for k in part}}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index))
     else:
         torch.save(state, path / "pytorch_model.bin")
     c = stack.config
@@ -463,6 +455,7 @@ def write_codellm_dir(
         ("t5_relative_bias", torch.float32, "safetensors"),
         ("none", torch.bfloat16, "safetensors"),
         ("none", torch.float32, "bin"),
+        ("t5_relative_bias", torch.bfloat16, "sharded"),
     ],
 )
 def test_from_hf_opens_a_codellm_directory_without_its_code(tmp_path, kind, dtype, fmt):
@@ -533,14 +526,14 @@ def test_every_analysis_runs_on_the_t5_architecture():
     from nopeinterp.similarity import compare_attention
     from nopeinterp.viz.explorer import explorer_data
 
-    def t5_model(pe, layer_pe=None, seed=0):
+    def small(pe, layer_pe=None, seed=0):
         return build_model(
             pe, arch="t5", layer_pe=layer_pe, n_layers=2, n_heads=2, d_head=8, d_model=12,
             d_vocab=VOCAB, n_ctx=32, seed=seed,
         )  # fmt: skip
 
-    nope, alibi = t5_model("nope"), t5_model("alibi", seed=1)
-    mixed = t5_model("rotary", ["rotary", "nope"], seed=2)
+    nope, alibi = small("nope"), small("alibi", seed=1)
+    mixed = small("rotary", ["rotary", "nope"], seed=2)
     small = {"id_lengths": (4, 8), "ood_lengths": (10, 12), "progress": False}
     probe = probe_position(mixed, n_train=24, n_eval=8, **small)
     assert set(probe.table.layer_pe) == {"embed", "rotary", "nope"}
@@ -556,3 +549,24 @@ def test_every_analysis_runs_on_the_t5_architecture():
     examples = [torch.tensor([0, 5, 6, 7, 8]), torch.tensor([0, 9, 3, 3])]
     data = explorer_data({"nope": nope, "alibi": alibi}, examples)
     assert data.models == ["nope", "alibi"]
+
+
+@pytest.mark.parametrize("pe", ["alibi", "rotary", "sinusoidal", "fire"])
+def test_t5_architecture_under_left_padding_and_the_kv_cache(pe):
+    """A left-padded sequence gets the logits it gets alone (positions count from its first
+    real token), and decoding through the KV cache gives what one full pass gives."""
+    model = t5_model(pe, n_ctx=32, seed=11)
+    tokens = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(12))
+    mask = torch.ones_like(tokens)
+    mask[0, :6] = 0
+    with torch.no_grad():
+        alone = model(tokens[:1, 6:])
+        padded = model(tokens, attention_mask=mask)
+        assert (padded[0, 6:] - alone[0]).abs().max() < 1e-5
+        cache = init_kv_cache(model, 2)
+        model(tokens[:, :15], attention_mask=mask[:, :15], past_kv_cache=cache)
+        for t in range(15, 20):
+            step = model(
+                tokens[:, t : t + 1], attention_mask=mask[:, t : t + 1], past_kv_cache=cache
+            )
+        assert (step[:, -1] - padded[:, -1]).abs().max() < 1e-5
