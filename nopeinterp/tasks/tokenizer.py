@@ -51,6 +51,24 @@ def _wrap(backend: Tokenizer, bos: bool) -> PreTrainedTokenizerFast:
     return tok
 
 
+def wrap_bpe(backend: Tokenizer) -> PreTrainedTokenizerFast:
+    """A byte-level BPE backend (the language-modelling task's, ``tasks.lm``) as a fast
+    tokenizer: ``<|endoftext|>`` ends documents and pads; no start token is ever added."""
+    eot = "<|endoftext|>"
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=None,
+        eos_token=eot,
+        pad_token=eot,
+        padding_side="right",
+        add_bos_token=False,
+        add_eos_token=False,
+    )
+    tok.name_or_path = NAME
+    tok.init_kwargs["name_or_path"] = NAME
+    return tok
+
+
 def adds_bos(tokenizer) -> bool:
     """Whether the tokenizer starts every encoding with ``<bos>`` (see the module docstring)."""
     return bool(getattr(tokenizer, "add_bos_token", True))
@@ -86,9 +104,13 @@ def task_tokenizer(task) -> PreTrainedTokenizerFast:
 
 
 def tokenizer_to_json(tok: PreTrainedTokenizerFast) -> str:
-    """Serialise a tokenizer from :func:`build_tokenizer` to a plain JSON string."""
-    data = {"format": _JSON_FORMAT, "backend": json.loads(tok.backend_tokenizer.to_str())}
-    if not adds_bos(tok):
+    """Serialise a tokenizer from :func:`build_tokenizer` or :func:`wrap_bpe` to a plain JSON
+    string (a BPE one is marked ``"kind": "byte-bpe"``)."""
+    backend = json.loads(tok.backend_tokenizer.to_str())
+    data = {"format": _JSON_FORMAT, "backend": backend}
+    if backend.get("model", {}).get("type") == "BPE":
+        data["kind"] = "byte-bpe"
+    elif not adds_bos(tok):
         data["bos"] = False
     return json.dumps(data, sort_keys=True)
 
@@ -98,6 +120,8 @@ def tokenizer_from_json(s: str) -> PreTrainedTokenizerFast:
     data = json.loads(s)
     if data.get("format") != _JSON_FORMAT:
         raise ValueError(f"not a nopeinterp tokenizer JSON (format={data.get('format')!r})")
+    if data.get("kind") == "byte-bpe":
+        return wrap_bpe(Tokenizer.from_str(json.dumps(data["backend"])))
     bos = data.get("bos", True)
     if not isinstance(bos, bool):
         raise ValueError(f"tokenizer JSON: 'bos' must be true or false, got {bos!r}")
