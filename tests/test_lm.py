@@ -2,6 +2,7 @@
 loss by position (held to a plain cross-entropy), sliding vs non-overlapping windows, passkey
 prompts and scoring, lm-eval on a tiny from_hf model, and bad corpora / lengths."""
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -263,32 +264,9 @@ def test_lm_trains_like_any_task_best_by_validation_loss(corpus_dir, tmp_path):
     assert ckpt.tokenizer.get_vocab() == get_task("lm", **opts).tokenizer().get_vocab()
     # resumed from an interruption: the same weights as the uninterrupted run
     out2 = tmp_path / "lm2.pt"
-    train(
-        make_config(
-            "lm",
-            "nope",
-            out2,
-            preset="tiny",
-            task_options=opts,
-            steps=20,
-            eval_every=5,
-            progress=False,
-            stop_after=8,
-        )
-    )
-    train(
-        make_config(
-            "lm",
-            "nope",
-            out2,
-            preset="tiny",
-            task_options=opts,
-            steps=20,
-            eval_every=5,
-            progress=False,
-            resume=True,
-        )
-    )
+    for extra in ({"stop_after": 8}, {"resume": True}):
+        cfg = make_config("lm", "nope", out2, preset="tiny", task_options=opts, steps=20, **extra)
+        train(dataclasses.replace(cfg, eval_every=5, progress=False))
     a, b = load_checkpoint(out).model.state_dict(), load_checkpoint(out2).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -402,3 +380,42 @@ def test_lm_eval_refuses_unreadable_lengths_before_any_work(corpus_dir, tmp_path
     assert "passkey" in capsys.readouterr().err
     with pytest.raises(LMEvalError, match="fewer than one window"):
         position_loss(load_checkpoint(ckpt).model, torch.arange(10), 16)
+
+
+def test_study_driver_writes_records_and_the_report_section(corpus_dir, tmp_path, monkeypatch):
+    """analyses/lm_study.py end to end at a tiny size: `run` trains, measures and writes one
+    record per run (resumable: a second call skips it); `report` rewrites its REPORT section
+    between the markers from the records alone, leaving the rest of the file as it was."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analyses"))
+    import lm_study as s
+
+    monkeypatch.setattr(s, "PES", ("nope", "alibi"))
+    monkeypatch.setattr(s, "SEEDS", (0,))
+    monkeypatch.setattr(s, "TASK_OPTIONS", {"corpus": str(corpus_dir), "context": 16, "vocab_size": 300})  # fmt: skip
+    monkeypatch.setattr(s, "TRAIN", dict(n_layers=1, n_heads=2, d_model=16, steps=4, batch_size=4, eval_every=2, eval_n=4))  # fmt: skip
+    monkeypatch.setattr(s, "EVAL", dict(lengths=(240, 300), max_windows=2, depths=(0.0,), trials=20))  # fmt: skip
+    monkeypatch.setattr(s, "PROBE", dict(n_fit=20, n_val=5, n_id=5, n_ood=3, ood_length=32))
+    monkeypatch.setattr(s, "SINK_WINDOWS", 4)
+    for name, value in (("RUNS", tmp_path / "runs"), ("OUT", tmp_path / "out"), ("RECORDS", tmp_path / "out" / "records"), ("REPORT", tmp_path / "REPORT.md")):  # fmt: skip
+        monkeypatch.setattr(s, name, value)
+    s.REPORT.write_text("# Report\n\nearlier text\n")
+    s.report()
+    assert "Runs finished: 0 of 2" in s.REPORT.read_text()
+    s.run(max_runs=1, commit=False)
+    records = sorted(p.name for p in s.RECORDS.glob("*.json"))
+    assert records == ["lm-nope-seed0.json"]
+    rec = json.loads((s.RECORDS / records[0]).read_text())
+    assert rec["val_loss"] > 0 and 0 <= rec["sink_share"] <= 1
+    assert {m["model"] for m in rec["probe_mae"]} >= {"trained", "random_init"}
+    assert {p["length"] for p in rec["perplexity"]} == {240, 300}
+    s.run(max_runs=None, commit=False)  # the finished run is skipped, the other one added
+    assert len(list(s.RECORDS.glob("*.json"))) == 2
+    s.report()
+    text = s.REPORT.read_text()
+    assert text.startswith("# Report\n\nearlier text\n") and text.count(s.BEGIN) == 1
+    assert "Runs finished: 2 of 2." in text and "| alibi |" in text
+    s.report()
+    assert s.REPORT.read_text() == text  # regenerated in place, not appended

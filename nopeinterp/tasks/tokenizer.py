@@ -29,44 +29,38 @@ NAME = "nopeinterp-word-level"  # placeholder name_or_path; never resolved on th
 _JSON_FORMAT = "nopeinterp-word-tokenizer/1"
 
 
+def _fast(backend: Tokenizer, **special) -> PreTrainedTokenizerFast:
+    """The one construction of our fast tokenizers: right padding, no end token added, and a
+    placeholder name (TransformerLens reads init_kwargs["name_or_path"] when handed one)."""
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, padding_side="right", add_eos_token=False, **special
+    )
+    tok.name_or_path = NAME
+    tok.init_kwargs["name_or_path"] = NAME
+    return tok
+
+
 def _wrap(backend: Tokenizer, bos: bool) -> PreTrainedTokenizerFast:
     # transformers rebuilds the post-processor from add_bos_token (a "<bos> $A" template or "$A").
     # Without a start token bos_token is None: TransformerLens then keeps this tokenizer instead
     # of fetching a "bos-enabled" copy from the Hub (it sets bos_token = eos_token afterwards,
     # which adds nothing: add_bos_token stays False, and that is what ``adds_bos`` reads).
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
+    return _fast(
+        backend,
         bos_token=BOS if bos else None,
         eos_token=EOS,
         pad_token=PAD,
         unk_token=UNK,
         sep_token=SEP,
-        padding_side="right",
         add_bos_token=bos,
-        add_eos_token=False,
     )
-    # TransformerLens reads init_kwargs["name_or_path"] when it is handed a tokenizer.
-    tok.name_or_path = NAME
-    tok.init_kwargs["name_or_path"] = NAME
-    return tok
 
 
 def wrap_bpe(backend: Tokenizer) -> PreTrainedTokenizerFast:
     """A byte-level BPE backend (the language-modelling task's, ``tasks.lm``) as a fast
     tokenizer: ``<|endoftext|>`` ends documents and pads; no start token is ever added."""
     eot = "<|endoftext|>"
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=None,
-        eos_token=eot,
-        pad_token=eot,
-        padding_side="right",
-        add_bos_token=False,
-        add_eos_token=False,
-    )
-    tok.name_or_path = NAME
-    tok.init_kwargs["name_or_path"] = NAME
-    return tok
+    return _fast(backend, bos_token=None, eos_token=eot, pad_token=eot, add_bos_token=False)
 
 
 def adds_bos(tokenizer) -> bool:
