@@ -391,9 +391,9 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             tokenizer=tokenizer,
             dtype=torch.float16 if cfg.dtype == "float16" else None,
             task=cfg.task,
-            task_options={
-                k: list(v) if isinstance(v, tuple) else v for k, v in cfg.task_options.items()
-            },
+            task_options=task.options  # lm: the corpus as an absolute path, all defaults
+            if lm
+            else {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.task_options.items()},
             seed=cfg.seed,
             step=step,
             steps=cfg.steps,
