@@ -30,20 +30,8 @@ from _common import RESULTS, ROOT, to_markdown, write_figure, write_table  # noq
 PES = ("nope", "t5", "alibi", "rotary", "sinusoidal", "fire")
 SEEDS = (0, 1)
 TASK_OPTIONS = {"corpus": "stdlib", "context": 256, "vocab_size": 4096}
-TRAIN = dict(
-    n_layers=4,
-    n_heads=4,
-    d_model=128,
-    d_mlp=512,
-    lr=1e-3,
-    weight_decay=0.01,
-    warmup=0.06,
-    steps=1500,
-    batch_size=16,
-    eval_every=250,
-    eval_n=64,
-    checkpoint_every=50,
-)
+PRESET = "lm"  # the training recipe: nopeinterp/training/presets.py, defined there once
+OVERRIDES: dict = {}  # TrainConfig values on top of the preset (none in the protocol)
 EVAL = dict(
     lengths=(256, 512, 1024, 2048),
     mode="nonoverlap",
@@ -90,9 +78,13 @@ def pilot(steps: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for pe in PES:
             out = Path(tmp) / f"{pe}.pt"
-            kw = {**TRAIN, "steps": steps + 1, "eval_every": 10_000, "checkpoint_every": 10_000}
+            kw = {**OVERRIDES, "steps": steps + 1, "eval_every": 10_000, "checkpoint_every": 10_000}
             t0 = time.time()
-            train(make_config("lm", pe, out, task_options=TASK_OPTIONS, progress=False, **kw))
+            train(
+                make_config(
+                    "lm", pe, out, preset=PRESET, task_options=TASK_OPTIONS, progress=False, **kw
+                )
+            )
             meta = load_checkpoint(out).meta
             sps = meta["throughput"]["steps_per_s"]
             print(f"{pe}: {1 / sps:.3f} s/step ({steps + 1} steps incl. the first, "
@@ -170,13 +162,15 @@ def run(max_runs: int | None, commit: bool) -> None:
             continue
         if max_runs is not None and done >= max_runs:
             break
-        statuses = run_sweep([_spec()], [pe], [seed], RUNS, overrides=dict(TRAIN), test="none")
+        statuses = run_sweep(
+            [_spec()], [pe], [seed], RUNS, preset=PRESET, overrides=dict(OVERRIDES), test="none"
+        )
         folder = RUNS / next(iter(statuses))
         if not (folder / RECORD).exists():
             print(f"{name}: {statuses} (no record: rerun to continue)")
             return
         record = json.loads((folder / RECORD).read_text())
-        record.update(run=name, protocol={"train": TRAIN, "eval": EVAL, "probe": PROBE})
+        record.update(run=name, protocol={"eval": EVAL, "probe": PROBE})  # training: "config"
         record.update(measure(folder / CHECKPOINT))
         from nopeinterp._io import atomic_write_text
 

@@ -100,7 +100,7 @@ def _add_train_flags(p) -> None:
     """TrainConfig flags of train and sweep; a flag not given leaves the preset's value."""
     # No import here (--help must answer at once): TrainConfig validates every value.
     S = argparse.SUPPRESS
-    p.add_argument("--preset", default=None, help="paper, reference, repro or tiny")
+    p.add_argument("--preset", default=None, help="paper, reference, repro, lm or tiny")
     for flag, kind in (
         ("--steps", int),
         ("--batch-size", int),

@@ -395,7 +395,7 @@ def test_study_driver_writes_records_and_the_report_section(corpus_dir, tmp_path
     monkeypatch.setattr(s, "PES", ("nope", "alibi"))
     monkeypatch.setattr(s, "SEEDS", (0,))
     monkeypatch.setattr(s, "TASK_OPTIONS", {"corpus": str(corpus_dir), "context": 16, "vocab_size": 300})  # fmt: skip
-    monkeypatch.setattr(s, "TRAIN", dict(n_layers=1, n_heads=2, d_model=16, steps=4, batch_size=4, eval_every=2, eval_n=4))  # fmt: skip
+    monkeypatch.setattr(s, "OVERRIDES", dict(n_layers=1, n_heads=2, d_model=16, steps=4, batch_size=4, eval_every=2, eval_n=4))  # fmt: skip
     monkeypatch.setattr(s, "EVAL", dict(lengths=(240, 300), max_windows=2, depths=(0.0,), trials=20))  # fmt: skip
     monkeypatch.setattr(s, "PROBE", dict(n_fit=20, n_val=5, n_id=5, n_ood=3, ood_length=32))
     monkeypatch.setattr(s, "SINK_WINDOWS", 4)

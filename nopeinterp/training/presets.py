@@ -1,4 +1,4 @@
-"""Named training set-ups: `--preset paper|reference|repro|tiny`. Each is defined here once.
+"""Named training set-ups: `--preset paper|reference|repro|lm|tiny`. Each is defined here once.
 
 A preset is a set of `TrainConfig` values; explicit arguments override it
 (`make_config(task, pe, out, preset="paper", steps=100)`).
@@ -16,6 +16,10 @@ A preset is a set of `TrainConfig` values; explicit arguments override it
   linear decay, 1,500 steps x 64, validation every 150 steps on `task.eval_set("val")` (25 per
   ID length). Its learning rate (1e-3 here) is a placeholder: the protocol's search picks one
   of 3e-4, 1e-3, 3e-3 and every run passes it explicitly (analyses/reproduction.py).
+- lm: the language-model study's recipe (analyses/PROTOCOL.md, "Language models on real
+  text"), for `--task lm`: 4 layers, 4 heads, d_model 128, d_mlp 512, AdamW lr 1e-3, weight
+  decay 0.01, 6% warmup then linear decay, 1,500 steps x 16 chunks (of the task's context),
+  validation loss on 64 chunks every 250 steps, training state every 50 steps.
 - tiny: a model that trains in seconds on a CPU, for tests and smoke runs.
 """
 
@@ -95,6 +99,23 @@ PRESETS: dict[str, Preset] = {
                 eval_n=25,
                 val_set="eval_set",
                 checkpoint_every=150,
+            ),
+        ),
+        Preset(
+            "lm",
+            dict(
+                n_layers=4,
+                n_heads=4,
+                d_model=128,
+                d_mlp=512,
+                lr=1e-3,
+                weight_decay=0.01,
+                warmup=0.06,
+                steps=1500,
+                batch_size=16,
+                eval_every=250,
+                eval_n=64,
+                checkpoint_every=50,
             ),
         ),
         Preset(
