@@ -238,7 +238,7 @@ def cmd_lm_eval(args) -> int:
     paths = [Path(args.hf)] if args.hf else checkpoint_files(args.checkpoint)
     models = {p.stem: _load(p, bool(args.hf), args.device) for p in paths}
     for name, model in models.items():  # every model can read every length, before any work
-        if not args.hf:
+        if isinstance(model, str | os.PathLike):
             models[name] = model = nopeinterp.load_checkpoint(model)
         check_lengths(getattr(model, "model", model), args.lengths, name)
     results = [
