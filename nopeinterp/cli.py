@@ -100,7 +100,7 @@ def _add_train_flags(p) -> None:
     """TrainConfig flags of train and sweep; a flag not given leaves the preset's value."""
     # No import here (--help must answer at once): TrainConfig validates every value.
     S = argparse.SUPPRESS
-    p.add_argument("--preset", default=None, help="paper, reference, repro, lm or tiny")
+    p.add_argument("--preset", default=None, help="paper, reference, repro, repro-t5, lm or tiny")
     for flag, kind in (
         ("--steps", int),
         ("--batch-size", int),
@@ -111,6 +111,7 @@ def _add_train_flags(p) -> None:
         ("--n-heads", int),
         ("--d-model", int),
         ("--d-mlp", int),
+        ("--d-head", int),
         ("--dropout", float),
         ("--eval-every", int),
         ("--eval-n", int),
@@ -118,6 +119,11 @@ def _add_train_flags(p) -> None:
         ("--grad-accum", int),
     ):
         p.add_argument(flag, type=kind, default=S)
+    p.add_argument(
+        "--arch",
+        default=S,
+        help="default (pre-LayerNorm blocks with biases) or t5 (the paper's T5 decoder)",
+    )
     p.add_argument("--attn-scale", action=argparse.BooleanOptionalAction, default=S)
     p.add_argument("--num-buckets", type=int, default=S, help="t5 only")
     p.add_argument("--rotary-fraction", type=float, default=S, help="rotary only")

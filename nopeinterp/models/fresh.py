@@ -24,7 +24,9 @@ def random_init_like(model, seed: int | None = None):
         from nopeinterp.models import build_model, model_config
 
         fresh = build_model(
-            **{**model_config(model), "seed": seed}, tokenizer=getattr(model, "tokenizer", None)
+            **{**model_config(model), "seed": seed},
+            dtype=model.cfg.dtype,
+            tokenizer=getattr(model, "tokenizer", None),
         )
     else:
         cfg = copy.deepcopy(model.cfg)

@@ -39,7 +39,7 @@ from nopeinterp.checkpoint import save_checkpoint
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import exact_match
 from nopeinterp.lm_eval import token_losses
-from nopeinterp.models import PE_TYPES, build_model
+from nopeinterp.models import ARCH_TYPES, PE_TYPES, build_model
 from nopeinterp.progress import progress as progress_bar
 from nopeinterp.tasks import LM_TASK, TRAIN_TASKS, encode_examples, get_task, task_tokenizer
 from nopeinterp.training.presets import preset_values
@@ -69,7 +69,9 @@ class TrainConfig:
     n_heads: int = 4
     d_model: int = 64
     d_mlp: int | None = None
-    attn_scale: bool = True
+    d_head: int | None = None  # default d_model / n_heads
+    arch: str = "default"  # or "t5": the paper's T5 decoder (nopeinterp.models.t5_arch)
+    attn_scale: bool | None = None  # None: the arch's (default scales, t5 does not)
     dropout: float = 0.0
     pe_options: dict = field(default_factory=dict)
     task_options: dict = field(default_factory=dict)  # e.g. {"id_lengths": [2, 10]}
@@ -90,6 +92,8 @@ class TrainConfig:
     stop_after: int | None = None  # stop (as if interrupted) after this step; for tests
 
     def __post_init__(self):
+        if self.attn_scale is None:  # the arch's own: T5 does not scale its logits
+            self.attn_scale = self.arch != "t5"
         self.validate()
 
     def to_dict(self) -> dict:
@@ -107,11 +111,16 @@ class TrainConfig:
             _at_least(self, name, 1)
         for name in ("eval_n", "checkpoint_every", "grad_accum"):
             _at_least(self, name, 1)
-        if self.d_mlp is not None:
-            _at_least(self, "d_mlp", 1)
+        for name in ("d_mlp", "d_head"):
+            if getattr(self, name) is not None:
+                _at_least(self, name, 1)
         if self.stop_after is not None:
             _at_least(self, "stop_after", 1)
-        if self.d_model % self.n_heads:
+        if self.arch not in ARCH_TYPES:
+            raise NopeinterpError(
+                f"unknown arch {self.arch!r}; choose one of {', '.join(ARCH_TYPES)}"
+            )
+        if self.d_head is None and self.d_model % self.n_heads:
             raise NopeinterpError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
             )
@@ -333,6 +342,8 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
         n_heads=cfg.n_heads,
         d_model=cfg.d_model,
         d_mlp=cfg.d_mlp,
+        d_head=cfg.d_head,
+        arch=cfg.arch,
         d_vocab=len(tokenizer),
         n_ctx=n_ctx,
         seed=cfg.seed,
