@@ -40,10 +40,9 @@ TASKS = (
 )
 PES = ("nope", "t5", "alibi", "rotary", "sinusoidal")
 SEEDS = (0, 1)
-PRESET = "reference"
-STEPS_CAP = 3000
+PRESET = "repro-t5"  # the T5 architecture's CPU preset, unchanged: its 1,500 steps are the cap
 STOP_AT_VAL = 0.95
-OVERRIDES = {"steps": STEPS_CAP, "stop_at_val": STOP_AT_VAL}
+OVERRIDES = {"stop_at_val": STOP_AT_VAL}
 
 RUNS = ROOT / "runs" / "scratchpad"
 OUT = RESULTS / "scratchpad"
@@ -83,6 +82,8 @@ def pilot(steps: int) -> None:
         cfg = make_config(name, "nope", "unused.pt", preset=PRESET, **OVERRIDES)
         model = build_model(
             "nope",
+            arch=cfg.arch,
+            d_head=cfg.d_head,
             n_layers=cfg.n_layers,
             n_heads=cfg.n_heads,
             d_model=cfg.d_model,
@@ -138,6 +139,12 @@ def pilot(steps: int) -> None:
 
 
 # --- runs -----------------------------------------------------------------------------------
+
+
+def _cap() -> int:
+    from nopeinterp.training.presets import preset_values
+
+    return preset_values(PRESET, "addition")["steps"]
 
 
 def record_path(run: str) -> Path:
@@ -381,7 +388,7 @@ def section(runs, summary, comparison) -> str:
             "OOD exact match (answer after the closing marker), mean [min, max] over seeds; "
             "`ood_steps_right`: mean share of scratchpad steps written right on the OOD test "
             "set; `reached_val_0.95`: runs whose ID validation exact match reached 0.95 before "
-            f"the {STEPS_CAP}-step cap.",
+            f"the {_cap()}-step cap.",
             "",
             to_markdown(summary),
         ]
