@@ -1,4 +1,4 @@
-"""The reproduction grid of issue 16, run exactly as analyses/PROTOCOL.md fixes it.
+"""The reproduction grid of the paper's comparison, run exactly as analyses/PROTOCOL.md fixes it.
 
     python analyses/reproduction.py search          # the 30 LR-search runs (validation only)
     python analyses/reproduction.py grid --lr 1e-3  # seed 0 of all 50 (split, PE), then 1, 2

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from nopeinterp.options import ReportOptions
+
 PAGE_MAX_BYTES = 8 * 2**20  # the page must stay light enough to open and mail around
 PAPER_SIMILARITY_ORDER = "T5 ~ NoPE' < ALiBi < APE < Rotary"  # paper-notes.md, SCAN
 
@@ -117,86 +119,6 @@ def similarity_verdict(task: str, ranking: pd.DataFrame) -> str:
     return f"{task}, {split}, divergence from NoPE: {order} (paper: {PAPER_SIMILARITY_ORDER})"
 
 
-# -- figures specific to the page --------------------------------------------------------------
-def distance_figure(summary: pd.DataFrame, split: str = "OOD"):
-    """Best head's distance R2 per layer, one panel per task, a line per PE."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    from nopeinterp.viz.legend import Legend
-
-    tasks = list(dict.fromkeys(summary["task"]))
-    fig = make_subplots(rows=1, cols=max(len(tasks), 1), subplot_titles=tasks, shared_yaxes=True)
-    legend = Legend()
-    for col, task in enumerate(tasks, start=1):
-        t = summary[summary["task"] == task]
-        s = split if (t["split"] == split).any() else t["split"].iloc[0]
-        for pe, rows in t[t["split"] == s].groupby("pe", sort=False):
-            fig.add_trace(
-                go.Scatter(
-                    x=rows["layer"],
-                    y=rows["max_score"],
-                    mode="lines+markers",
-                    line_color=legend.color(pe),
-                    **legend.entry(pe),
-                ),
-                row=1,
-                col=col,
-            )
-        fig.update_xaxes(title_text="layer", dtick=1, row=1, col=col)
-    fig.update_yaxes(title_text=f"max over heads of distance R2 ({split})", range=[0, 1.02])
-    fig.update_layout(title="Distance dependence of the attention logits", height=400)
-    return fig
-
-
-def rel_mass_figure(results: dict[tuple[str, str], object], pe: str = "nope", split="OOD"):
-    """Attention mass by relative distance d / n (mean over heads), a line per layer, one
-    panel per task; dashed: uniform attention over the same rows."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    items = [(task, r) for (task, p), r in results.items() if p == pe]
-    fig = make_subplots(
-        rows=1, cols=max(len(items), 1), subplot_titles=[t for t, _ in items], shared_yaxes=True
-    )
-    for col, (_, r) in enumerate(items, start=1):
-        m = r.rel_mass
-        s = split if (m["split"] == split).any() else m["split"].iloc[0]
-        m = m[m["split"] == s].assign(mid=lambda d: (d["rel_lo"] + d["rel_hi"]) / 2)
-        for layer, rows in m.groupby("layer", sort=True):
-            per_bin = rows.groupby("mid", sort=True)[["mass", "uniform"]].mean().reset_index()
-            fig.add_trace(
-                go.Scatter(
-                    x=per_bin["mid"],
-                    y=per_bin["mass"],
-                    mode="lines+markers",
-                    name=f"layer {layer}",
-                    legendgroup=f"layer {layer}",
-                    showlegend=col == 1,
-                ),
-                row=1,
-                col=col,
-            )
-        fig.add_trace(
-            go.Scatter(
-                x=per_bin["mid"],
-                y=per_bin["uniform"],
-                mode="lines",
-                line_dash="dash",
-                line_color="gray",
-                name="uniform attention",
-                legendgroup="uniform",
-                showlegend=col == 1,
-            ),
-            row=1,
-            col=col,
-        )
-        fig.update_xaxes(title_text="relative distance d / n (0 = the query, 1 = first token)")
-    fig.update_yaxes(title_text="attention mass (mean over heads)", row=1, col=1)
-    fig.update_layout(title=f"{pe}: attention mass by relative distance ({split})", height=400)
-    return fig
-
-
 # -- the explorer's examples -----------------------------------------------------------------
 def explorer_examples(checkpoint, limit: int | None, *, per_split: int = 3, seed: int = 0):
     """([1-D token tensors], [names]): up to `per_split` ID and OOD sequences of at most
@@ -221,46 +143,44 @@ def explorer_examples(checkpoint, limit: int | None, *, per_split: int = 3, seed
     return examples, names
 
 
-def run_main_job(*args, **kwargs) -> Path:
-    """Run every analysis and write `<out>/index.html` (returned); see `_run_main_job`.
+def run_main_job(
+    checkpoints="checkpoints",
+    out="reports/main",
+    *,
+    options: ReportOptions | None = None,
+    **changes,
+) -> Path:
+    """Run every analysis on the checkpoints in `checkpoints` and write `<out>/index.html`
+    (returned); see the module docstring. `options` (`nopeinterp.options.ReportOptions`), or
+    any of its fields, say how much of each analysis runs.
 
     Runs with one torch thread: the shipped models are tiny, and on a 2-core machine a second
     thread only contends (the main job took 40 min at the default thread count beside other
     jobs, under 2 min with one thread beside the test suite)."""
     import torch
 
+    opts = ReportOptions.make(options, **changes)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run_main_job(*args, **kwargs)
+        return _run_main_job(checkpoints, out, opts)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_main_job(
-    checkpoints="checkpoints",
-    out="reports/main",
-    *,
-    n_eval=20,
-    n_probe=256,
-    n_distance=64,
-    distance_pes=("all",),
-    n_per_length=10,
-    explorer_per_split=3,
-    n_heads=32,
-    progress=True,
-) -> Path:
-    """Run every analysis and write `<out>/index.html` (returned); see the module docstring.
-
-    `distance_pes`: PEs whose checkpoints get the distance analysis ("all" = every seed-0
-    checkpoint; NoPE is always included)."""
+def _run_main_job(checkpoints, out, opts: ReportOptions) -> Path:
+    """The main job with resolved options (see `run_main_job`)."""
+    n_eval, n_probe, n_distance = opts.n, opts.n_probe, opts.n_distance
+    distance_pes, n_per_length = opts.distance_pes, opts.n_per_length
+    explorer_per_split, n_heads, progress = opts.explorer_per_split, opts.n_heads, opts.progress
     from nopeinterp import zoo
     from nopeinterp.data import max_positions
     from nopeinterp.evaluation import EvalResult, evaluate
     from nopeinterp.probing import distance_dependence, probe_position
     from nopeinterp.similarity import compare_attention
-    from nopeinterp.viz.explorer import explorer_data
+    from nopeinterp.similarity.explorer import explorer_data
     from nopeinterp.viz.page import Page
+    from nopeinterp.viz.report import distance_figure, rel_mass_figure
 
     out = Path(out)
     entries = zoo.find_checkpoints(checkpoints)
@@ -406,7 +326,7 @@ def _run_main_job(
                 ),
             ).add(data)
 
-    # Head taxonomy (issue 17): what dominates each head, per seed-0 checkpoint. Position
+    # Head taxonomy: what dominates each head, per seed-0 checkpoint. Position
     # erasure is too slow for the main job; its results are in analyses/results/causal_*.
     from nopeinterp.probing import classify_heads
     from nopeinterp.probing.heads import KINDS
@@ -424,7 +344,7 @@ def _run_main_job(
     positional = [k for k in KINDS if k != "content"]
     nope = heads[heads.pe == "nope"]
     page.section(
-        "Heads: what dominates each head (issue 17)",
+        "Heads: what dominates each head",
         verdict=(
             f"NoPE: {int(nope[positional].to_numpy().sum())} of "
             f"{int(nope[list(KINDS)].to_numpy().sum())} heads are positional "

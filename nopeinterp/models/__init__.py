@@ -7,7 +7,6 @@ import torch
 from nopeinterp._tl import HookedTransformerConfig
 from nopeinterp.models.alibi import alibi_slopes
 from nopeinterp.models.base import PEAttention, PETransformer
-from nopeinterp.models.hf import from_hf
 from nopeinterp.models.registry import LAYER_PES, MODEL_CLASSES
 from nopeinterp.models.rotary import check_rope_scaling, rope_frequencies, rotary_dim
 from nopeinterp.models.t5 import t5_bucket_ids
@@ -132,7 +131,12 @@ def build_model(
     )
     with torch.random.fork_rng(devices=[]):  # TL seeds the global RNG; leave the caller's alone
         model = MODEL_CLASSES[pe](
-            cfg, tokenizer=tokenizer, layer_pe=layer_pe, dropout=dropout, **pe_options
+            cfg,
+            tokenizer=tokenizer,
+            layer_pes=LAYER_PES,
+            layer_pe=layer_pe,
+            dropout=dropout,
+            **pe_options,
         )
     if device.type != "cpu":
         model.to(device)
@@ -204,7 +208,6 @@ __all__ = [
     "PETransformer",
     "alibi_slopes",
     "build_model",
-    "from_hf",
     "layer_pes",
     "model_config",
     "resolve_device",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -431,6 +432,8 @@ class PEBlock(TransformerBlock):
 class PETransformer(HookedTransformer):
     """HookedTransformer with a positional encoding per layer; see the module docstring.
 
+    `layer_pes`: the PE registry (name -> `LayerPE`, `nopeinterp.models.registry.LAYER_PES`),
+    handed in by the builder so this base never imports the PEs built on it;
     `layer_pe`: each layer's `LayerPE` name; `pe_options`: the options of every PE used
     (each PE takes its own keys); `dropout`: see `PEBlock` (also on the embeddings and the
     attention weights).
@@ -444,14 +447,13 @@ class PETransformer(HookedTransformer):
         cfg: HookedTransformerConfig,
         tokenizer=None,
         *,
+        layer_pes: Mapping[str, LayerPE],
         layer_pe=None,
         dropout: float = 0.0,
         **pe_options,
     ):
-        from nopeinterp.models.registry import LAYER_PES
-
         layer_pe = list(layer_pe or [self.layer_pe_default] * cfg.n_layers)
-        specs = [LAYER_PES[name] for name in layer_pe]
+        specs = [layer_pes[name] for name in layer_pe]
         cfg.positional_embedding_type = (
             "rotary" if any(spec.rotary for spec in specs) else "standard"
         )

@@ -455,7 +455,7 @@ def _per_layer_model(hf_config, cfg: HookedTransformerConfig, state_dict: dict):
     the same logits, with hook_k / hook_v showing each group once per head it serves.
     """
     from nopeinterp.models import set_rope_scaling
-    from nopeinterp.models.registry import MODEL_CLASSES
+    from nopeinterp.models.registry import LAYER_PES, MODEL_CLASSES
 
     layer_pe = ["rotary" if flag else "nope" for flag in hf_config.no_rope_layers]
     if len(layer_pe) != cfg.n_layers:
@@ -473,7 +473,7 @@ def _per_layer_model(hf_config, cfg: HookedTransformerConfig, state_dict: dict):
         scaling = _rope(hf_config, arch, scaled=_SCALINGS[arch])[2]
         options = {"fraction": cfg.rotary_dim / cfg.d_head, "base": cfg.rotary_base}
     with torch.random.fork_rng(devices=[]):  # our init draws numbers: leave the caller's
-        model = MODEL_CLASSES[pe](own_cfg, layer_pe=layer_pe, **options)
+        model = MODEL_CLASSES[pe](own_cfg, layer_pes=LAYER_PES, layer_pe=layer_pe, **options)
     if scaling is not None:
         try:  # set_rope_scaling also rebuilds the rotary tables (the constructor does not)
             set_rope_scaling(model, scaling)

@@ -14,46 +14,10 @@ from .copy import CopyTask, ReverseTask
 from .encoding import Batch, decode_answer, encode_examples
 from .lego import LegoTask
 from .lists import ParityTask, SortingTask
+from .registry import TASKS, get_task
 from .scan import ScanTask
 from .splits import PAPER_SPLITS, PaperSplit, paper_split
 from .tokenizer import build_tokenizer, task_tokenizer, tokenizer_from_json, tokenizer_to_json
-
-TASKS = (
-    "copy",
-    "reverse",
-    "addition",
-    "summation",
-    "parity",
-    "sorting",
-    "polynomial",
-    "lego",
-    "scan",
-)
-
-_REGISTRY: dict[str, type[Task]] = {
-    "copy": CopyTask,
-    "reverse": ReverseTask,
-    "addition": AdditionTask,
-    "summation": SummationTask,
-    "parity": ParityTask,
-    "sorting": SortingTask,
-    "polynomial": PolynomialTask,
-    "lego": LegoTask,
-    "scan": ScanTask,
-}
-
-
-def get_task(name: str, **overrides) -> Task:
-    """Task instance by name; ``overrides`` go to its constructor: ``id_lengths=(2, 10)``,
-    ``ood_lengths``, ``bos`` (False: no start token), and for copy/reverse/scan ``variant``
-    (the paper's splits, ``PAPER_SPLITS``) and for copy/reverse ``alphabet``."""
-    if name not in _REGISTRY:
-        raise TaskError(f"unknown task {name!r}; valid names: {', '.join(TASKS)}")
-    try:
-        return _REGISTRY[name](**overrides)
-    except TypeError as err:  # an option the task does not take
-        raise TaskError(f"task {name}: bad options {sorted(overrides)}: {err}") from None
-
 
 __all__ = [
     "PAPER_SPLITS",

@@ -79,7 +79,7 @@ def task_tokenizer(task) -> PreTrainedTokenizerFast:
     """Tokenizer covering one task's vocabulary and its start-token choice (``task.bos``);
     ``task`` is a Task or a task name."""
     if isinstance(task, str):
-        from . import get_task
+        from .registry import get_task
 
         task = get_task(task)
     return build_tokenizer(task.vocab(), bos=task.bos)

@@ -126,7 +126,7 @@ class SweepPlan:
     overrides: dict = field(default_factory=dict)  # TrainConfig values for every run
     eval_n: int = 100  # examples per length in the record's exact match
     # the record's exact match: "sampled" (eval_n per ID and OOD length, `evaluate`),
-    # "eval_set" (the task's test set, every item once: issue 16's protocol) or "none"
+    # "eval_set" (the task's test set, every item once: the reproduction protocol) or "none"
     # (no test decoded: a learning-rate search; a later sweep with "eval_set" adds it)
     test: str = "sampled"
 

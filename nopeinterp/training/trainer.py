@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,108 +33,17 @@ from nopeinterp._io import atomic_write, versions
 from nopeinterp.checkpoint import save_checkpoint
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import exact_match
-from nopeinterp.models import PE_TYPES, build_model
+from nopeinterp.models import build_model
 from nopeinterp.progress import progress as progress_bar
-from nopeinterp.tasks import TASKS, encode_examples, get_task, task_tokenizer
+from nopeinterp.tasks import encode_examples, get_task, task_tokenizer
+from nopeinterp.training.config import VAL_SETS, TrainConfig, _at_least  # noqa: F401
 from nopeinterp.training.presets import preset_values
 from nopeinterp.training.runtime import (
-    DEVICES,
-    PRECISIONS,
     Runtime,
     deterministic_algorithms,
     flops_per_token,
     peak_flops,
 )
-
-
-@dataclass
-class TrainConfig:
-    task: str
-    pe: str
-    out: str
-    steps: int = 2000
-    batch_size: int = 32  # the global batch: over all ranks and accumulation steps
-    lr: float = 1e-3
-    warmup: float = 0.06  # fraction of steps, as the paper
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    seed: int = 0
-    n_layers: int = 2
-    n_heads: int = 4
-    d_model: int = 64
-    d_mlp: int | None = None
-    attn_scale: bool = True
-    dropout: float = 0.0
-    pe_options: dict = field(default_factory=dict)
-    task_options: dict = field(default_factory=dict)  # e.g. {"id_lengths": [2, 10]}
-    eval_every: int = 250
-    eval_n: int = 100
-    # validation items: "sampled" = `task.generate(eval_n, split="val")` (drawn with
-    # replacement; what the shipped checkpoints used), "eval_set" = `task.eval_set("val",
-    # n_per_length=eval_n)` (each held-out item at most once, eval_n per ID length: issue 16)
-    val_set: str = "sampled"
-    checkpoint_every: int = 250
-    dtype: str = "float32"  # of the saved best checkpoint: float32 or float16
-    precision: str = "fp32"  # of the computation: fp32, bf16 or fp16 (autocast)
-    grad_accum: int = 1
-    preset: str | None = None  # recorded; make_config applies its values
-    device: str = "auto"
-    resume: bool = False
-    progress: bool = True
-    stop_after: int | None = None  # stop (as if interrupted) after this step; for tests
-
-    def __post_init__(self):
-        self.validate()
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def validate(self) -> None:
-        """Raise NopeinterpError naming the first bad value; nothing has run yet."""
-        if self.task not in TASKS:
-            raise NopeinterpError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
-        if self.pe not in PE_TYPES:
-            raise NopeinterpError(f"unknown pe {self.pe!r}; choose one of {', '.join(PE_TYPES)}")
-        for name in ("steps", "batch_size", "n_layers", "n_heads", "d_model", "eval_every"):
-            _at_least(self, name, 1)
-        for name in ("eval_n", "checkpoint_every", "grad_accum"):
-            _at_least(self, name, 1)
-        if self.d_mlp is not None:
-            _at_least(self, "d_mlp", 1)
-        if self.stop_after is not None:
-            _at_least(self, "stop_after", 1)
-        if self.d_model % self.n_heads:
-            raise NopeinterpError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
-            )
-        checks = [
-            ("lr", self.lr > 0, "> 0"),
-            ("weight_decay", self.weight_decay >= 0, ">= 0"),
-            ("warmup", 0 <= self.warmup < 1, "a fraction of steps in [0, 1)"),
-            ("grad_clip", self.grad_clip > 0, "> 0"),
-            ("dropout", 0 <= self.dropout < 1, "in [0, 1)"),
-            ("val_set", self.val_set in VAL_SETS, " or ".join(VAL_SETS)),
-            ("dtype", self.dtype in ("float32", "float16"), "float32 or float16"),
-            ("precision", self.precision in PRECISIONS, " or ".join(PRECISIONS)),
-            ("device", self.device in DEVICES, " or ".join(DEVICES)),
-        ]
-        for name, ok, expected in checks:
-            value = getattr(self, name)
-            if not ok or (isinstance(value, float) and not math.isfinite(value)):
-                raise NopeinterpError(f"{name}={value!r}: must be {expected}")
-        if self.batch_size % self.grad_accum:
-            raise NopeinterpError(
-                f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}"
-            )
-        if Path(self.out).is_dir():
-            raise NopeinterpError(f"out={self.out}: is a directory; give a file path (.pt)")
-
-
-def _at_least(cfg, name, low):
-    value = getattr(cfg, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise NopeinterpError(f"{name}={value!r}: must be an integer >= {low}")
-
 
 # Settings that do not change what a run computes: a resumed run may differ in these.
 RUN_ONLY = ("out", "device", "resume", "progress", "stop_after")
@@ -146,9 +53,6 @@ def make_config(task: str, pe: str, out, *, preset: str | None = None, **overrid
     """TrainConfig from a preset's values (for this task) with `overrides` on top."""
     values = {**preset_values(preset, task), **overrides}
     return TrainConfig(task=task, pe=pe, out=str(out), preset=preset, **values)
-
-
-VAL_SETS = ("sampled", "eval_set")
 
 
 def validation_examples(task, cfg: TrainConfig) -> list:
