@@ -1,4 +1,4 @@
-"""nopeinterp.viz.explorer: attention-pattern data for the explorer and its HTML fragment."""
+"""The attention explorer: its data (nopeinterp.similarity.explorer) and its HTML (viz.explorer)."""
 
 from __future__ import annotations
 

@@ -365,10 +365,6 @@ class DistanceResult(Result):
     def histogram(self, layer: int | None = None, head: int | None = None, max_distance=None):
         return self.draw("histogram", layer=layer, head=head, max_distance=max_distance)
 
-    def figure(self, split: str | None = None):
-        """The layer x head heatmap of the score (see also `histogram`)."""
-        return self.draw("figure", split=split)
-
     def pivot(self) -> pd.DataFrame:
         """(split, layer) rows x "head h" columns of the score."""
         wide = self.table.pivot_table(index=["split", "layer"], columns="head", values="score")

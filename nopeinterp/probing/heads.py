@@ -222,6 +222,13 @@ def _attention_stats(
     return out, layers
 
 
+def _each_layer(stats):
+    """(split, layer, PatternStats, DistanceStats | None) of `_attention_stats`'s result."""
+    for split, per_layer in stats.items():
+        for layer, (pst, dst) in per_layer.items():
+            yield split, layer, pst, dst
+
+
 def _meta(sets, layers, title) -> dict:
     return {"title": title, "layers": layers, **sets.meta()}
 
@@ -246,36 +253,30 @@ class SinkResult(Result):
         """Per (split, layer, head): mean first-token mass and the entropy slope on log(n)."""
         return self.dilution.set_index(["split", "layer", "head"])[["first_mass", "entropy_slope"]]
 
-    def figure(self, split: str | None = None):
-        """First-token mass (left) and entropy with uniform's log(n) (right) against the
-        number of keys of the row, one line per head (colour = layer)."""
-        return self.draw("figure", split=split)
-
 
 def run_attention_sinks(mi: ModelInput, sets: Splits, opts: HeadOptions) -> SinkResult:
     """`attention_sinks` on resolved inputs (`sets` of `mi`)."""
     stats, layers = _attention_stats(mi, sets, opts, with_scores=False, desc="sinks")
     rows = []
-    for split, per_layer in stats.items():
-        for layer, (pst, _) in per_layer.items():
-            m = pst.means()
-            for i in (pst.count > 0).nonzero().flatten().tolist():
-                n = i + 1
-                for h in range(pst.H):
-                    ent = float(m["entropy"][h, i])
-                    rows.append(
-                        {
-                            "split": split,
-                            "layer": layer,
-                            "head": h,
-                            "n_keys": n,
-                            "first_mass": float(m["first"][h, i]),
-                            "entropy": ent,
-                            "uniform_entropy": math.log(n),
-                            "entropy_ratio": ent / math.log(n) if n > 1 else float("nan"),
-                            "n_rows": int(pst.count[i]),
-                        }
-                    )
+    for split, layer, pst, _ in _each_layer(stats):
+        m = pst.means()
+        for i in (pst.count > 0).nonzero().flatten().tolist():
+            n = i + 1
+            for h in range(pst.H):
+                ent = float(m["entropy"][h, i])
+                rows.append(
+                    {
+                        "split": split,
+                        "layer": layer,
+                        "head": h,
+                        "n_keys": n,
+                        "first_mass": float(m["first"][h, i]),
+                        "entropy": ent,
+                        "uniform_entropy": math.log(n),
+                        "entropy_ratio": ent / math.log(n) if n > 1 else float("nan"),
+                        "n_rows": int(pst.count[i]),
+                    }
+                )
     meta = _meta(sets, layers, opts.title or describe(mi, "Attention sinks"))
     meta["length"] = "n_keys: keys visible to the query (query position + 1), rows pooled"
     table = pd.DataFrame(rows, columns=SINK_COLUMNS)
@@ -352,36 +353,31 @@ class HeadTaxonomy(Result):
         split = split or t.split.iloc[0]
         return t[t.split == split].pivot(index="layer", columns="head", values="label")
 
-    def figure(self, split: str | None = None):
-        """Layer x head grid coloured by label, every score in the hover text."""
-        return self.draw("figure", split=split)
-
 
 def run_classify_heads(mi: ModelInput, sets: Splits, opts: HeadOptions) -> HeadTaxonomy:
     """`classify_heads` on resolved inputs (`sets` of `mi`)."""
     stats, layers = _attention_stats(mi, sets, opts, with_scores=True, desc="heads")
     rows = []
-    for split, per_layer in stats.items():
-        for layer, (pst, dst) in per_layer.items():
-            lifts = pst.lifts()
-            r2, _ = dst.solve()
-            for h in range(pst.H):
-                constant = not float(dst.ss_tot[h]) > 0  # no logit variation to explain
-                dist = 0.0 if constant else float(r2[h])
-                scores = {k: float(lifts[k][h]) for k in ("sink", "previous_token", "local")}
-                scores["uniform"] = float(lifts["uniform"][h])
-                scores["distance"] = dist
-                scores["content"] = 0.0 if constant else 1.0 - dist
-                rows.append(
-                    {
-                        "split": split,
-                        "layer": layer,
-                        "head": h,
-                        **scores,
-                        "label": label_head(scores),
-                        "n_rows": lifts["n_rows"],
-                    }
-                )
+    for split, layer, pst, dst in _each_layer(stats):
+        lifts = pst.lifts()
+        r2, _ = dst.solve()
+        for h in range(pst.H):
+            constant = not float(dst.ss_tot[h]) > 0  # no logit variation to explain
+            dist = 0.0 if constant else float(r2[h])
+            scores = {k: float(lifts[k][h]) for k in ("sink", "previous_token", "local")}
+            scores["uniform"] = float(lifts["uniform"][h])
+            scores["distance"] = dist
+            scores["content"] = 0.0 if constant else 1.0 - dist
+            rows.append(
+                {
+                    "split": split,
+                    "layer": layer,
+                    "head": h,
+                    **scores,
+                    "label": label_head(scores),
+                    "n_rows": lifts["n_rows"],
+                }
+            )
     meta = _meta(sets, layers, opts.title or describe(mi, "Head taxonomy"))
     meta.update(
         thresholds=THRESHOLDS,

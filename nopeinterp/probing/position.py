@@ -125,9 +125,6 @@ class ProbeResult(Result):
         p = t.pivot_table(index="layer", columns="column", values="value", aggfunc="first")
         return p[[c for c in order if c in p.columns]]
 
-    def figure(self, metrics: Sequence[str] = METRICS):
-        return self.draw("figure", metrics=metrics)
-
 
 def _fit_and_eval(
     model,

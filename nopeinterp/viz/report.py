@@ -18,17 +18,7 @@ def distance_figure(summary: pd.DataFrame, split: str = "OOD"):
         t = summary[summary["task"] == task]
         s = split if (t["split"] == split).any() else t["split"].iloc[0]
         for pe, rows in t[t["split"] == s].groupby("pe", sort=False):
-            fig.add_trace(
-                go.Scatter(
-                    x=rows["layer"],
-                    y=rows["max_score"],
-                    mode="lines+markers",
-                    line_color=legend.color(pe),
-                    **legend.entry(pe),
-                ),
-                row=1,
-                col=col,
-            )
+            fig.add_trace(legend.line(pe, rows["layer"], rows["max_score"]), row=1, col=col)
         fig.update_xaxes(title_text="layer", dtick=1, row=1, col=col)
     fig.update_yaxes(title_text=f"max over heads of distance R2 ({split})", range=[0, 1.02])
     fig.update_layout(title="Distance dependence of the attention logits", height=400)
