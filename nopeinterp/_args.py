@@ -226,7 +226,7 @@ def option_values(args, options_cls, *, skip=()) -> dict:
 
 
 # TrainConfig's field types -> argparse types; TrainConfig itself checks the values (nan, <= 0)
-_TYPES = {"int": int, "float": float, "int | None": int}
+_TYPES = {"int": int, "float": float, "int | None": int, "float | None": float}
 
 
 def add_config_flags(parser, fields) -> None:
@@ -247,7 +247,7 @@ def add_config_flags(parser, fields) -> None:
         name = "--" + f.name.replace("_", "-")
         if meta.get("store_true"):
             parser.add_argument(name, action="store_true", default=S, help=meta["help"])
-        elif isinstance(default, bool):
+        elif isinstance(default, bool) or meta.get("boolean"):
             parser.add_argument(name, action=argparse.BooleanOptionalAction, default=S, help=help)
         else:
             kind = meta.get("choices") and None or _TYPES.get(f.type)

@@ -24,7 +24,7 @@ LAYERS = [
     ("data", ["nopeinterp.data"]),
     ("loading", ["nopeinterp.checkpoint", "nopeinterp.zoo"]),
     ("inputs", ["nopeinterp.inputs"]),
-    ("computing", ["nopeinterp.evaluation", "nopeinterp.probing", "nopeinterp.similarity",
+    ("computing", ["nopeinterp.evaluation", "nopeinterp.lm_eval", "nopeinterp.probing", "nopeinterp.similarity",
                    "nopeinterp.theory", "nopeinterp.paper", "nopeinterp.training",
                    "nopeinterp.analyses"]),
     ("presenting", ["nopeinterp.viz"]),
@@ -74,7 +74,8 @@ def layer_of(module: str) -> int:
     best, rank = -1, None
     for i, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and len(p) > best:
+            inside = module.startswith(p + ".") and p != "nopeinterp"  # the root: itself only
+            if (module == p or inside) and len(p) > best:
                 best, rank = len(p), i
     if rank is None:
         raise AssertionError(f"{module} is in no layer: add it to LAYERS and ARCHITECTURE.md")

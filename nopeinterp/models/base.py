@@ -184,9 +184,13 @@ class PEAttention(Attention):
         masks, for queries at offset..offset+q_len-1 (what `hook_attn_scores` sees)."""
         return self.apply_causal_mask(self.calculate_attention_scores(q, k), offset, attention_mask)
 
-    @staticmethod
-    def softmax_pattern(scores, empty_rows: bool):
-        pattern = F.softmax(scores, dim=-1)
+    softmax_fp32 = False  # softmax in float32 whatever the scores' dtype (T5's; arch="t5")
+
+    def softmax_pattern(self, scores, empty_rows: bool):
+        if self.softmax_fp32 and scores.dtype not in (torch.float32, torch.float64):
+            pattern = F.softmax(scores.float(), dim=-1).to(scores.dtype)
+        else:
+            pattern = F.softmax(scores, dim=-1)
         if empty_rows:  # a row with no visible key (left padding): 0, as TL gives
             pattern = torch.where(torch.isnan(pattern), torch.zeros_like(pattern), pattern)
         return pattern
@@ -433,10 +437,12 @@ class PETransformer(HookedTransformer):
     """HookedTransformer with a positional encoding per layer; see the module docstring.
 
     `layer_pes`: the PE registry (name -> `LayerPE`, `nopeinterp.models.registry.LAYER_PES`),
-    handed in by the builder so this base never imports the PEs built on it;
+    and `arch_layouts` (arch -> the function that lays the blocks out, `ARCH_LAYOUTS`), handed
+    in by the builder so this base never imports the modules built on it;
     `layer_pe`: each layer's `LayerPE` name; `pe_options`: the options of every PE used
     (each PE takes its own keys); `dropout`: see `PEBlock` (also on the embeddings and the
-    attention weights).
+    attention weights); `arch`: "default" (TL's pre-LayerNorm block with biases) or "t5" (the
+    paper's T5 decoder layout, `nopeinterp.models.t5_arch`).
     """
 
     pe: str = ""
@@ -450,6 +456,8 @@ class PETransformer(HookedTransformer):
         layer_pes: Mapping[str, LayerPE],
         layer_pe=None,
         dropout: float = 0.0,
+        arch: str = "default",
+        arch_layouts: Mapping | None = None,
         **pe_options,
     ):
         layer_pe = list(layer_pe or [self.layer_pe_default] * cfg.n_layers)
@@ -468,6 +476,7 @@ class PETransformer(HookedTransformer):
             super().__init__(cfg, tokenizer=tokenizer)
         self.layer_pe = layer_pe
         self.dropout = dropout
+        self.arch = arch
         self.pe_options = self.resolve_pe_options(specs, pe_options)
         # Same modules and state-dict keys as TL's, with a faster path (PEBlock, PEAttention).
         self.blocks = nn.ModuleList(PEBlock(cfg, i, dropout) for i in range(cfg.n_layers))
@@ -479,7 +488,10 @@ class PETransformer(HookedTransformer):
         self.configure_positional_encoding()
         self.install_layer_pes(specs)
         # TL initialised the stock modules; re-run it (same seed) so replaced ones are set too.
-        self.init_weights()
+        if cfg.init_weights:  # False: the caller loads every weight
+            self.init_weights()
+        if arch != "default":  # e.g. t5: T5's norm, MLP, tied output, no biases; T5's init
+            (arch_layouts or {})[arch](self)
         self.setup()  # re-name hook points after the module swaps
         self.eval()
 
@@ -563,6 +575,7 @@ class PETransformer(HookedTransformer):
         mixed = len(set(self.layer_pe)) > 1
         return (
             f"pe={self.pe!r}, "
+            + (f"arch={self.arch!r}, " if self.arch != "default" else "")
             + (f"layer_pe={self.layer_pe}, " if mixed else "")
             + (f"pe_options={self.pe_options}")
         )

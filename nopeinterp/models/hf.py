@@ -42,12 +42,12 @@ from nopeinterp._tl import (
     HookedTransformerConfig,
     tl_deprecation_silenced,
 )
-from nopeinterp.errors import NopeinterpError
 from nopeinterp.models.alibi import alibi_slopes
+from nopeinterp.models.codellm import CodeLLMError, from_codellm, is_codellm_dir
+from nopeinterp.models.context import DEFAULT_MAX_CTX, HFModelError, _ctx
 
 # Rotary and ALiBi models have no hard length limit, but TL keeps an n_ctx x n_ctx causal mask
 # per layer (and a rotary table of n_ctx rows): their context is capped at this by default.
-DEFAULT_MAX_CTX = 2048
 
 # transformers activation names -> TL's (only those whose formulas agree).
 _ACTIVATIONS = {
@@ -59,10 +59,6 @@ _ACTIVATIONS = {
     "silu": "silu",
     "swish": "silu",
 }
-
-
-class HFModelError(NopeinterpError, ValueError):
-    """A Hugging Face model or directory that from_hf cannot convert faithfully."""
 
 
 class BloomAttention(Attention):
@@ -129,17 +125,6 @@ def _rope(hf_config, arch: str, scaled=()) -> tuple[float, float, dict | None]:
     if rope_type != "default":
         scaling = {"rope_type": rope_type, **params}
     return float(theta), float(fraction), scaling
-
-
-def _ctx(limit: int | None, n_ctx: int | None, arch: str, hard: bool) -> int:
-    """The TL context: `n_ctx` if given, else the model's limit capped at DEFAULT_MAX_CTX."""
-    if n_ctx is None:
-        return min(limit or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
-    if n_ctx < 1:
-        raise HFModelError(f"n_ctx must be positive, got {n_ctx}")
-    if hard and limit is not None and n_ctx > limit:
-        raise HFModelError(f"{arch}: n_ctx={n_ctx} exceeds its {limit} learned positions")
-    return n_ctx
 
 
 def _gpt2_config(c, arch, n_ctx):
@@ -378,11 +363,18 @@ def from_hf(
     `device`: default the Hugging Face model's device (cpu for a directory). `n_ctx`: the longest
     input; default the model's own limit, capped at DEFAULT_MAX_CTX for rotary and ALiBi
     models (GPT-2's learned positions are a hard limit). Weights keep their dtype.
-    Supported architectures: SUPPORTED_ARCHITECTURES; anything else raises HFModelError.
+    Supported architectures: SUPPORTED_ARCHITECTURES, and directories of the paper's own
+    `custom_decoder_only_t5` (its 1B code LMs; `nopeinterp.models.codellm`), opened without
+    running any of their files; anything else raises HFModelError.
     """
     from transformer_lens.pretrained import weight_conversions
     from transformers import PreTrainedModel
 
+    if isinstance(model_or_local_dir, str | os.PathLike) and is_codellm_dir(model_or_local_dir):
+        try:  # the paper's own T5 decoders: read as data, never through their remote code
+            return from_codellm(model_or_local_dir, tokenizer=tokenizer, device=device, n_ctx=n_ctx)
+        except CodeLLMError as err:
+            raise HFModelError(str(err)) from None
     if isinstance(model_or_local_dir, str | os.PathLike):
         hf, tokenizer = _load_dir(Path(model_or_local_dir), tokenizer)
     elif isinstance(model_or_local_dir, PreTrainedModel):
@@ -441,6 +433,7 @@ def _finish(model, tokenizer, arch: str, hf_config=None):
         model.tokenizer = tokenizer  # not set_tokenizer: that re-loads it by name
         model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
     model.hf_architecture = arch
+    model.hf_config = hf_config  # what the random-init control re-initialises from
     # the BOS token the data layer puts first (nopeinterp.data.bos_token_id); None if none
     bos = getattr(hf_config, "bos_token_id", None)
     model.bos_token_id = bos if isinstance(bos, int) and 0 <= bos < model.cfg.d_vocab else None

@@ -14,18 +14,22 @@ from .copy import CopyTask, ReverseTask
 from .encoding import Batch, decode_answer, encode_examples
 from .lego import LegoTask
 from .lists import ParityTask, SortingTask
-from .registry import TASKS, get_task
+from .lm import LMTask
+from .registry import LM_TASK, TASKS, TRAIN_TASKS, get_task, task_tokenizer
 from .scan import ScanTask
 from .splits import PAPER_SPLITS, PaperSplit, paper_split
-from .tokenizer import build_tokenizer, task_tokenizer, tokenizer_from_json, tokenizer_to_json
+from .tokenizer import build_tokenizer, tokenizer_from_json, tokenizer_to_json
 
 __all__ = [
     "PAPER_SPLITS",
     "TASKS",
+    "TRAIN_TASKS",
     "AdditionTask",
     "Batch",
     "CopyTask",
     "Example",
+    "LM_TASK",
+    "LMTask",
     "LegoTask",
     "PaperSplit",
     "ParityTask",

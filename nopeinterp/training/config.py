@@ -43,7 +43,13 @@ class TrainConfig:
     n_heads: int = flag(4, "attention heads per block")
     d_model: int = flag(64, "width of the residual stream")
     d_mlp: int | None = flag(None, "MLP width (default 4 x d_model)")
-    attn_scale: bool = flag(True, "divide logits by sqrt(d_head) (off: T5-style, the paper)")
+    d_head: int | None = flag(None, "width of a head (default d_model / n_heads)")
+    arch: str = flag(
+        "default", "default (pre-LayerNorm blocks with biases) or t5 (the paper's T5 decoder)"
+    )
+    attn_scale: bool | None = flag(
+        None, "divide logits by sqrt(d_head) (default: the arch's; t5 does not)", boolean=True
+    )
     dropout: float = flag(0.0, "dropout on embeddings, attention weights and outputs")
     pe_options: dict = flag(
         dict,
@@ -78,6 +84,8 @@ class TrainConfig:
     stop_after: int | None = None  # stop (as if interrupted) after this step; for tests
 
     def __post_init__(self):
+        if self.attn_scale is None:  # the arch's own: T5 does not scale its logits
+            self.attn_scale = self.arch != "t5"
         self.validate()
 
     def to_dict(self) -> dict:
@@ -85,23 +93,30 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise NopeinterpError naming the first bad value; nothing has run yet."""
-        from nopeinterp.models import PE_TYPES
-        from nopeinterp.tasks import TASKS
+        from nopeinterp.models import ARCH_TYPES, PE_TYPES
+        from nopeinterp.tasks import TRAIN_TASKS
         from nopeinterp.training.runtime import DEVICES, PRECISIONS
 
-        if self.task not in TASKS:
-            raise NopeinterpError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.task not in TRAIN_TASKS:
+            raise NopeinterpError(
+                f"unknown task {self.task!r}; choose one of {', '.join(TRAIN_TASKS)}"
+            )
         if self.pe not in PE_TYPES:
             raise NopeinterpError(f"unknown pe {self.pe!r}; choose one of {', '.join(PE_TYPES)}")
         for name in ("steps", "batch_size", "n_layers", "n_heads", "d_model", "eval_every"):
             _at_least(self, name, 1)
         for name in ("eval_n", "checkpoint_every", "grad_accum"):
             _at_least(self, name, 1)
-        if self.d_mlp is not None:
-            _at_least(self, "d_mlp", 1)
+        for name in ("d_mlp", "d_head"):
+            if getattr(self, name) is not None:
+                _at_least(self, name, 1)
         if self.stop_after is not None:
             _at_least(self, "stop_after", 1)
-        if self.d_model % self.n_heads:
+        if self.arch not in ARCH_TYPES:
+            raise NopeinterpError(
+                f"unknown arch {self.arch!r}; choose one of {', '.join(ARCH_TYPES)}"
+            )
+        if self.d_head is None and self.d_model % self.n_heads:
             raise NopeinterpError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
             )

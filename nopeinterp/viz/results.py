@@ -19,6 +19,7 @@ from nopeinterp.probing.erasure import CONDITIONS, PROBE_METRICS, TASK_METRICS
 from nopeinterp.probing.heads import KINDS
 from nopeinterp.probing.position import METRICS
 from nopeinterp.viz.html import write_report
+from nopeinterp.viz.lm import loss_by_position_figure, passkey_figure
 
 
 def _table_figure(result):
@@ -327,7 +328,27 @@ def _paper_comparison_html_sections(result) -> list:
     ]
 
 
+def _lm_loss_figure(result):
+    return loss_by_position_figure(result.table, result.meta.get("contexts", {}))
+
+
+def _lm_loss_passkey(result):
+    return passkey_figure(result.passkey)
+
+
+def _lm_loss_html_sections(result):
+    out = [
+        ("Loss by position", _lm_loss_figure(result)),
+        ("Perplexity by length", result.perplexity),
+    ]
+    if result.passkey is not None and len(result.passkey):
+        out += [("Passkey retrieval", _lm_loss_passkey(result)), ("Passkey", result.passkey)]
+    return out
+
+
 DRAW = {
+    ("lm_loss", "figure"): _lm_loss_figure,
+    ("lm_loss", "passkey"): _lm_loss_passkey,
     ("accuracy", "figure"): _accuracy_figure,
     ("probe_position", "figure"): _probe_position_figure,
     ("distance", "heatmap"): _distance_heatmap,
@@ -340,6 +361,7 @@ DRAW = {
     ("paper_comparison", "figure"): _paper_comparison_figure,
 }
 SECTIONS = {
+    "lm_loss": _lm_loss_html_sections,
     "accuracy": _accuracy_html_sections,
     "probe_position": _probe_position_html_sections,
     "distance": _distance_html_sections,
