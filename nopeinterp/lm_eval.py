@@ -264,7 +264,7 @@ def lm_eval(
     tokenizer. `stride`: sliding mode's (default length // 4). `max_windows`: per length
     (None: all). `trials`: passkey prompts per (length, depth); `depths=()` skips passkey.
     """
-    from nopeinterp.data import as_model
+    from nopeinterp.inputs import as_model
     from nopeinterp.tasks.lm import STDLIB, read_corpus, token_stream
 
     lengths = sorted(set(int(n) for n in lengths))
