@@ -73,6 +73,9 @@ class TrainConfig:
     val_set: str = flag(
         "sampled", "validation items: sampled or eval_set (each held-out item once)"
     )
+    stop_at_val: float | None = flag(
+        None, "finish early once the validation exact match reaches this"
+    )
     checkpoint_every: int = flag(250, "steps between training-state saves")
     dtype: str = flag("float32", "of the saved checkpoint", choices=("float32", "float16"))
     precision: str = flag("fp32", "of the computation: fp32, bf16 or fp16 (autocast)")
@@ -130,6 +133,11 @@ class TrainConfig:
             ("dtype", self.dtype in ("float32", "float16"), "float32 or float16"),
             ("precision", self.precision in PRECISIONS, " or ".join(PRECISIONS)),
             ("device", self.device in DEVICES, " or ".join(DEVICES)),
+            (
+                "stop_at_val",
+                self.stop_at_val is None or 0 < self.stop_at_val <= 1,
+                "an exact match in (0, 1]",
+            ),
         ]
         for name, ok, expected in checks:
             value = getattr(self, name)

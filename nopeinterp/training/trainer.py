@@ -327,7 +327,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
     )
     val_key = "val_loss" if lm else "val_accuracy"
     last_val = history[-1][val_key] if history else float("nan")
-    tokens_seen, train_time, stopped = 0, 0.0, False
+    tokens_seen, train_time, stopped, reached = 0, 0.0, False, False
     model.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
@@ -385,15 +385,24 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             if score > best_acc:
                 best_acc = score
                 save_best(done, {val_key: last_val})
+            reached = not lm and cfg.stop_at_val is not None and last_val >= cfg.stop_at_val
+        if cfg.stop_at_val is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+            reached = rt.broadcast(reached)  # every rank finishes at the same step
         stopped = cfg.stop_after is not None and cfg.stop_after <= done < cfg.steps
-        if rt.is_main and (done % cfg.checkpoint_every == 0 or stopped) and done < cfg.steps:
+        stopped = stopped and not reached
+        if (
+            rt.is_main
+            and (done % cfg.checkpoint_every == 0 or stopped)
+            and done < cfg.steps
+            and not reached
+        ):
             save_state(done)
         postfix = {"loss": f"{float(loss_sum) / rt.world_size:.3f}", "tok_s": f"{tok_s:.0f}"}
         if speed["mfu"] is not None:
             postfix["mfu"] = f"{speed['mfu']:.1%}"
         bar.set_postfix(**postfix, val=f"{last_val:.2f}")
         bar.update(1)
-        if stopped:
+        if stopped or reached:
             break
     bar.close()
     model.eval()

@@ -20,6 +20,7 @@ from nopeinterp.probing.heads import KINDS
 from nopeinterp.probing.position import METRICS
 from nopeinterp.viz.html import write_report
 from nopeinterp.viz.lm import loss_by_position_figure, passkey_figure
+from nopeinterp.viz.regions import region_figure
 
 
 def _table_figure(result):
@@ -346,7 +347,20 @@ def _lm_loss_html_sections(result):
     return out
 
 
+def _attention_regions_figure(result):
+    return region_figure(result.by_layer)
+
+
+def _attention_regions_html_sections(result):
+    return [
+        (result.meta.get("title") or result.title, _attention_regions_figure(result)),
+        ("Mean over heads", result.by_layer),
+        ("Per head", result.table),
+    ]
+
+
 DRAW = {
+    ("attention_regions", "figure"): _attention_regions_figure,
     ("lm_loss", "figure"): _lm_loss_figure,
     ("lm_loss", "passkey"): _lm_loss_passkey,
     ("accuracy", "figure"): _accuracy_figure,
@@ -361,6 +375,7 @@ DRAW = {
     ("paper_comparison", "figure"): _paper_comparison_figure,
 }
 SECTIONS = {
+    "attention_regions": _attention_regions_html_sections,
     "lm_loss": _lm_loss_html_sections,
     "accuracy": _accuracy_html_sections,
     "probe_position": _probe_position_html_sections,
