@@ -14,7 +14,9 @@ them, so every rank's data is a disjoint, deterministic slice and the loss (a su
 tokens divided by the global batch's target-token count) is the single-process loss.
 Rank 0 alone evaluates and writes files: the training state (weights, optimizer, scaler,
 step, best validation) every `checkpoint_every` steps to `<out>.state.pt`, and the model with
-the best validation exact match (ID lengths, as the paper selects) to `out`, both atomically.
+the best validation exact match (ID lengths, as the paper selects) to `out`, both atomically,
+and every validation so far to `<out>.history.json` (`validation_curve_path`). With `stop_val`
+set, training ends early once validation has reached it `stop_evals` times in a row.
 A lock on `<out>.lock` refuses a second run on the same `out`.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import time
@@ -73,6 +76,10 @@ class TrainConfig:
     task_options: dict = field(default_factory=dict)  # e.g. {"id_lengths": [2, 10]}
     eval_every: int = 250
     eval_n: int = 100
+    # stop before `steps` once validation exact match is >= stop_val on stop_evals evaluations
+    # in a row (None: always train `steps`; the schedule is still the one of `steps` steps)
+    stop_val: float | None = None
+    stop_evals: int = 2
     # validation items: "sampled" = `task.generate(eval_n, split="val")` (drawn with
     # replacement; what the shipped checkpoints used), "eval_set" = `task.eval_set("val",
     # n_per_length=eval_n)` (each held-out item at most once, eval_n per ID length: issue 16)
@@ -103,7 +110,7 @@ class TrainConfig:
             raise NopeinterpError(f"unknown pe {self.pe!r}; choose one of {', '.join(PE_TYPES)}")
         for name in ("steps", "batch_size", "n_layers", "n_heads", "d_model", "eval_every"):
             _at_least(self, name, 1)
-        for name in ("eval_n", "checkpoint_every", "grad_accum"):
+        for name in ("eval_n", "checkpoint_every", "grad_accum", "stop_evals"):
             _at_least(self, name, 1)
         for name in ("d_mlp", "d_head"):
             if getattr(self, name) is not None:
@@ -124,6 +131,7 @@ class TrainConfig:
             ("warmup", 0 <= self.warmup < 1, "a fraction of steps in [0, 1)"),
             ("grad_clip", self.grad_clip > 0, "> 0"),
             ("dropout", 0 <= self.dropout < 1, "in [0, 1)"),
+            ("stop_val", self.stop_val is None or 0 < self.stop_val <= 1, "None or in (0, 1]"),
             ("val_set", self.val_set in VAL_SETS, " or ".join(VAL_SETS)),
             ("dtype", self.dtype in ("float32", "float16"), "float32 or float16"),
             ("precision", self.precision in PRECISIONS, " or ".join(PRECISIONS)),
@@ -172,6 +180,22 @@ def lr_factor(step: int, total: int, warmup_steps: int) -> float:
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     return max(0.0, (total - step) / max(1, total - warmup_steps))
+
+
+def reached_stop_val(history: list[dict], cfg: TrainConfig) -> bool:
+    """Whether the last `cfg.stop_evals` evaluations all reached `cfg.stop_val`."""
+    last = history[-cfg.stop_evals :]
+    return (
+        cfg.stop_val is not None
+        and len(last) == cfg.stop_evals
+        and all(h["val_accuracy"] >= cfg.stop_val for h in last)
+    )
+
+
+def validation_curve_path(out) -> Path:
+    """`<out>.history.json`: every validation of the run so far (written at each one)."""
+    out = Path(out)
+    return out.with_name(out.name + ".history.json")
 
 
 def train_examples(task, cfg: TrainConfig, step: int):
@@ -296,6 +320,7 @@ def train(config: TrainConfig) -> Path:
 def _train(cfg: TrainConfig, rt: Runtime) -> Path:
     out = Path(cfg.out)
     state_path = out.with_name(out.name + ".state.pt")
+    curve_path = validation_curve_path(out)
     if cfg.batch_size % (rt.world_size * cfg.grad_accum):
         raise NopeinterpError(
             f"batch_size={cfg.batch_size} is not divisible by world_size*grad_accum="
@@ -418,7 +443,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
         disable=not (cfg.progress and rt.is_main),
     )
     last_val = history[-1]["val_accuracy"] if history else float("nan")
-    tokens_seen, train_time, stopped = 0, 0.0, False
+    tokens_seen, train_time, stopped, converged = 0, 0.0, False, False
     model.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
@@ -470,7 +495,15 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             if val_acc > best_acc:
                 best_acc = val_acc
                 save_best(done, val_acc)
-        stopped = cfg.stop_after is not None and cfg.stop_after <= done < cfg.steps
+            reached = reached_stop_val(history, cfg) and done < cfg.steps
+            # every evaluation so far (the checkpoint's meta stops at the best one)
+            curve = json.dumps({"steps": cfg.steps, "history": history, "stopped_early": reached})
+            atomic_write(curve_path, lambda t, text=curve: Path(t).write_text(text))
+        if cfg.stop_val is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+            converged = rt.broadcast(reached if rt.is_main else None)
+        stopped = (
+            not converged and cfg.stop_after is not None and cfg.stop_after <= done < cfg.steps
+        )
         if rt.is_main and (done % cfg.checkpoint_every == 0 or stopped) and done < cfg.steps:
             save_state(done)
         postfix = {"loss": f"{float(loss_sum) / rt.world_size:.3f}", "tok_s": f"{tok_s:.0f}"}
@@ -478,7 +511,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             postfix["mfu"] = f"{speed['mfu']:.1%}"
         bar.set_postfix(**postfix, val=f"{last_val:.2f}")
         bar.update(1)
-        if stopped:
+        if stopped or converged:
             break
     bar.close()
     model.eval()
