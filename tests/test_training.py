@@ -272,7 +272,7 @@ def test_presets_and_explicit_values_override_them(tmp_path):
     }
     assert ref["scan"].steps == 2500 and ref["copy"].steps == 1500 and ref["copy"].lr == 2e-3
     assert make_config("copy", "nope", tmp_path / "t.pt", preset="tiny", steps=7).steps == 7
-    assert set(PRESETS) == {"paper", "reference", "repro", "repro-t5", "tiny"}
+    assert set(PRESETS) == {"paper", "reference", "repro", "repro-t5", "lm", "tiny"}
     with pytest.raises(NopeinterpError, match="unknown preset"):
         make_config("copy", "nope", tmp_path / "t.pt", preset="huge")
 
@@ -398,3 +398,5 @@ def test_stop_val_ends_training_after_enough_evaluations_in_a_row(tmp_path, monk
         small_config(tmp_path / "x", stop_val=1.5)
     with pytest.raises(NopeinterpError, match="stop_evals"):
         small_config(tmp_path / "x", stop_val=0.9, stop_evals=0)
+    with pytest.raises(NopeinterpError, match="no exact match"):
+        small_config(tmp_path / "x", task="lm", task_options={}, stop_val=0.9)

@@ -449,6 +449,7 @@ def _finish(model, tokenizer, arch: str, hf_config=None):
         model.tokenizer = tokenizer  # not set_tokenizer: that re-loads it by name
         model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
     model.hf_architecture = arch
+    model.hf_config = hf_config  # what the random-init control re-initialises from
     # the BOS token the data layer puts first (nopeinterp.data.bos_token_id); None if none
     bos = getattr(hf_config, "bos_token_id", None)
     model.bos_token_id = bos if isinstance(bos, int) and 0 <= bos < model.cfg.d_vocab else None
