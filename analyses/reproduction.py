@@ -59,7 +59,7 @@ PILOT_SPLITS = ("rsc", "mc")
 PILOT_SEED = 0
 PILOT_LRS = (1e-3, 3e-4)  # in this order: every run at the first rate, then the next
 PILOT_STEPS = 6000  # the pilot's step cap
-PILOT_STOP = {"stop_val": 0.95, "stop_evals": 2}  # ID validation >= 0.95 twice in a row
+PILOT_STOP = {"stop_at_val": 0.95, "stop_evals": 2}  # ID validation >= 0.95 twice in a row
 
 
 def is_recorded_run(folder: Path, record: Path) -> bool:
@@ -484,7 +484,7 @@ def pilot_runs(root: Path | None = None) -> pd.DataFrame:
                 "steps_run": r.get("steps_run"), "stopped_early": r.get("stopped_early"),
                 # training steps only (no validation), over the run's last training call
                 "s_per_step": 1 / speed["steps_per_s"] if speed.get("steps_per_s") else None,
-                "steps_to_target": steps_to(r.get("val_curve"), PILOT_STOP["stop_val"]),
+                "steps_to_target": steps_to(r.get("val_curve"), PILOT_STOP["stop_at_val"]),
                 "best_val": r["val_accuracy"], "best_step": r["best_step"],
                 "ood_accuracy": r.get("ood_accuracy"), "train_wall_s": r.get("run_wall_s"),
             }
@@ -520,7 +520,7 @@ def pilot_table(out: Path | None = None) -> list[Path]:
         raise NopeinterpError(f"{RECORDS / 'pilot'}: no pilot records yet")
     out = RECORDS / "pilot" if out is None else Path(out)
     print(runs.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    target = PILOT_STOP["stop_val"]
+    target = PILOT_STOP["stop_at_val"]
     paths = write_table(
         runs, out, "pilot_runs", title="Pilot runs (not results: they size the next protocol)",
         notes=f"One seed per PE. steps_to_target: the first validation step with ID exact match "

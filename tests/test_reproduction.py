@@ -489,7 +489,7 @@ def test_pilot_trains_on_the_t5_preset_to_the_stop_rule_and_resumes(tmp_path, mo
 
     monkeypatch.setattr(repro, "run_sweep", sweep)
     repro.pilot(lrs=[1e-3], steps=4, splits=["rsc"])
-    assert calls == [("repro-t5", {"lr": 1e-3, "steps": 4, "stop_val": 0.95, "stop_evals": 2})]
+    assert calls == [("repro-t5", {"lr": 1e-3, "steps": 4, "stop_at_val": 0.95, "stop_evals": 2})]
     folder = records / "pilot" / "steps=4" / "lr=0.001"
     assert sorted(p.name for p in folder.glob("*.json")) == [
         "copy.variant=rsc-nope-seed0.json", "copy.variant=rsc-rotary-seed0.json"

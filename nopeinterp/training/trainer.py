@@ -15,8 +15,9 @@ tokens divided by the global batch's target-token count) is the single-process l
 Rank 0 alone evaluates and writes files: the training state (weights, optimizer, scaler,
 step, best validation) every `checkpoint_every` steps to `<out>.state.pt`, and the model with
 the best validation exact match (ID lengths, as the paper selects) to `out`, both atomically,
-and every validation so far to `<out>.history.json` (`validation_curve_path`). With `stop_val`
-set, training ends early once validation has reached it `stop_evals` times in a row.
+and every validation so far to `<out>.history.json` (`validation_curve_path`). With
+`stop_at_val` set, training ends early once validation has reached it `stop_evals` times in a
+row (the schedule stays the one of `steps`).
 The `lm` task (`tasks.lm`: next-token prediction on a corpus) trains on chunks of its
 context, every next token a target, and keeps the model with the lowest validation loss
 (the state's `best_acc` then holds minus that loss: higher is better for both).
@@ -80,14 +81,13 @@ class TrainConfig:
     task_options: dict = field(default_factory=dict)  # e.g. {"id_lengths": [2, 10]}
     eval_every: int = 250
     eval_n: int = 100
-    # stop before `steps` once validation exact match is >= stop_val on stop_evals evaluations
-    # in a row (None: always train `steps`; the schedule is still the one of `steps` steps)
-    stop_val: float | None = None
-    stop_evals: int = 2
     # validation items: "sampled" = `task.generate(eval_n, split="val")` (drawn with
     # replacement; what the shipped checkpoints used), "eval_set" = `task.eval_set("val",
     # n_per_length=eval_n)` (each held-out item at most once, eval_n per ID length: issue 16)
     val_set: str = "sampled"
+    # finish early once the validation exact match reaches this (None: train all `steps`)
+    stop_at_val: float | None = None
+    stop_evals: int = 1  # ... on this many evaluations in a row
     checkpoint_every: int = 250
     dtype: str = "float32"  # of the saved best checkpoint: float32 or float16
     precision: str = "fp32"  # of the computation: fp32, bf16 or fp16 (autocast)
@@ -137,19 +137,23 @@ class TrainConfig:
             ("warmup", 0 <= self.warmup < 1, "a fraction of steps in [0, 1)"),
             ("grad_clip", self.grad_clip > 0, "> 0"),
             ("dropout", 0 <= self.dropout < 1, "in [0, 1)"),
-            ("stop_val", self.stop_val is None or 0 < self.stop_val <= 1, "None or in (0, 1]"),
             ("val_set", self.val_set in VAL_SETS, " or ".join(VAL_SETS)),
             ("dtype", self.dtype in ("float32", "float16"), "float32 or float16"),
             ("precision", self.precision in PRECISIONS, " or ".join(PRECISIONS)),
             ("device", self.device in DEVICES, " or ".join(DEVICES)),
+            (
+                "stop_at_val",
+                self.stop_at_val is None or 0 < self.stop_at_val <= 1,
+                "an exact match in (0, 1]",
+            ),
         ]
         for name, ok, expected in checks:
             value = getattr(self, name)
             if not ok or (isinstance(value, float) and not math.isfinite(value)):
                 raise NopeinterpError(f"{name}={value!r}: must be {expected}")
-        if self.stop_val is not None and self.task == LM_TASK:
+        if self.stop_at_val is not None and self.task == LM_TASK:
             raise NopeinterpError(
-                f"stop_val={self.stop_val}: the {LM_TASK} task has no exact match to stop on"
+                f"stop_at_val={self.stop_at_val}: the {LM_TASK} task has no exact match to stop on"
             )
         if self.batch_size % self.grad_accum:
             raise NopeinterpError(
@@ -193,12 +197,12 @@ def lr_factor(step: int, total: int, warmup_steps: int) -> float:
 
 
 def reached_stop_val(history: list[dict], cfg: TrainConfig) -> bool:
-    """Whether the last `cfg.stop_evals` evaluations all reached `cfg.stop_val`."""
+    """Whether the last `cfg.stop_evals` evaluations all reached `cfg.stop_at_val`."""
     last = history[-cfg.stop_evals :]
     return (
-        cfg.stop_val is not None
+        cfg.stop_at_val is not None
         and len(last) == cfg.stop_evals
-        and all(h["val_accuracy"] >= cfg.stop_val for h in last)
+        and all(h["val_accuracy"] >= cfg.stop_at_val for h in last)
     )
 
 
@@ -462,7 +466,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
     )
     val_key = "val_loss" if lm else "val_accuracy"
     last_val = history[-1][val_key] if history else float("nan")
-    tokens_seen, train_time, stopped, converged = 0, 0.0, False, False
+    tokens_seen, train_time, stopped, reached = 0, 0.0, False, False
     model.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
@@ -520,23 +524,28 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             if score > best_acc:
                 best_acc = score
                 save_best(done, {val_key: last_val})
-            reached = reached_stop_val(history, cfg) and done < cfg.steps
+            reached = reached_stop_val(history, cfg)  # never for lm (refused by validate)
             # every evaluation so far (the checkpoint's meta stops at the best one)
-            curve = json.dumps({"steps": cfg.steps, "history": history, "stopped_early": reached})
+            early = reached and done < cfg.steps
+            curve = json.dumps({"steps": cfg.steps, "history": history, "stopped_early": early})
             atomic_write(curve_path, lambda t, text=curve: Path(t).write_text(text))
-        if cfg.stop_val is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
-            converged = rt.broadcast(reached if rt.is_main else None)
-        stopped = (
-            not converged and cfg.stop_after is not None and cfg.stop_after <= done < cfg.steps
-        )
-        if rt.is_main and (done % cfg.checkpoint_every == 0 or stopped) and done < cfg.steps:
+        if cfg.stop_at_val is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+            reached = rt.broadcast(reached)  # every rank finishes at the same step
+        stopped = cfg.stop_after is not None and cfg.stop_after <= done < cfg.steps
+        stopped = stopped and not reached
+        if (
+            rt.is_main
+            and (done % cfg.checkpoint_every == 0 or stopped)
+            and done < cfg.steps
+            and not reached
+        ):
             save_state(done)
         postfix = {"loss": f"{float(loss_sum) / rt.world_size:.3f}", "tok_s": f"{tok_s:.0f}"}
         if speed["mfu"] is not None:
             postfix["mfu"] = f"{speed['mfu']:.1%}"
         bar.set_postfix(**postfix, val=f"{last_val:.2f}")
         bar.update(1)
-        if stopped or converged:
+        if stopped or reached:
             break
     bar.close()
     model.eval()
