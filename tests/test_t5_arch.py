@@ -515,6 +515,33 @@ def test_cli_probes_codellm_directories_and_refuses_unsupported_ones(tmp_path, c
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "transformer_xl_relative_encoding" in err and "t5_relative_bias" in err
+    # damaged directories: one line each, exit 2, nothing run
+    import json
+    import pickle
+
+    bad = tmp_path / "bad"
+    marker = write_codellm_dir(bad, stack, kind="none", tokenizer=False)
+    (bad / "model.safetensors").unlink()
+    assert main(["probe-position", "--hf", str(bad)]) == 2
+    assert "no weights" in capsys.readouterr().err
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (bad / "pytorch_model.bin").write_bytes(pickle.dumps({"shared.weight": Evil()}))
+    assert main(["probe-position", "--hf", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "could not read the weights" in err
+    assert not marker.exists()
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "pytorch_model.bin").unlink()
+    write_codellm_dir(tmp_path / "three", stack, kind="none", tokenizer=False)
+    config["num_layers"] = 3  # the config says more layers than the weights hold
+    (tmp_path / "three" / "config.json").write_text(json.dumps(config))
+    assert main(["probe-position", "--hf", str(tmp_path / "three")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "missing weight 'block.2." in err
 
 
 def test_every_analysis_runs_on_the_t5_architecture():

@@ -292,7 +292,13 @@ def from_codellm(path, *, tokenizer=None, device=None, n_ctx: int | None = None)
     if pe == "ape":
         rows = _strip(state).get("wpe.weight")
         limit = rows.shape[0] if rows is not None else limit
-    ours = t5_state_to_ours(state, n_layers=config["n_layers"], pe=pe, **_heads(config))
+    try:
+        ours = t5_state_to_ours(state, n_layers=config["n_layers"], pe=pe, **_heads(config))
+    except CodeLLMError as err:
+        raise CodeLLMError(f"{path}: {err}") from None
+    except RuntimeError as err:  # a q/k/v/o weight that is not n_heads x d_kv wide
+        reason = (str(err).strip().splitlines() or ["shape"])[0]
+        raise CodeLLMError(f"{path}: weights do not fit the config ({reason})") from None
     del state
     dtype = ours["embed.W_E"].dtype
     ctx = _ctx(limit, n_ctx, "custom_decoder_only_t5", hard=pe == "ape")
@@ -303,7 +309,10 @@ def from_codellm(path, *, tokenizer=None, device=None, n_ctx: int | None = None)
     model = build_model(
         pe, arch="t5", n_ctx=ctx, dtype=dtype, device="cpu", init_weights=False, **config
     )
-    load_t5_weights(model, ours)
+    try:
+        load_t5_weights(model, ours)
+    except CodeLLMError as err:
+        raise CodeLLMError(f"{path}: {err}") from None
     if tokenizer is not None:
         model.tokenizer = tokenizer  # as given: TL's set_tokenizer would re-load it by name
         model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0

@@ -1,5 +1,5 @@
-"""Named training set-ups: `--preset paper|reference|repro|repro-t5|tiny`. Each is defined
-here once.
+"""Named training set-ups: `--preset paper|reference|repro|repro-t5|lm|tiny`. Each is
+defined here once.
 
 A preset is a set of `TrainConfig` values; explicit arguments override it
 (`make_config(task, pe, out, preset="paper", steps=100)`).
@@ -21,6 +21,10 @@ A preset is a set of `TrainConfig` values; explicit arguments override it
   for a CPU: arch t5, 4 layers, 2 heads of 64 (Rotary turns 16 dims, 8 frequencies, as in the
   paper), d_model 128 and d_mlp 512 as repro (so heads x d_head = d_model = 128, the
   attention cost of repro's 8 heads of 16). Learning rate 1e-3, a placeholder as in repro.
+- lm: the language-model study's recipe (analyses/PROTOCOL.md, "Language models on real
+  text"), for `--task lm`: 4 layers, 4 heads, d_model 128, d_mlp 512, AdamW lr 1e-3, weight
+  decay 0.01, 6% warmup then linear decay, 1,500 steps x 16 chunks (of the task's context),
+  validation loss on 64 chunks every 250 steps, training state every 50 steps.
 - tiny: a model that trains in seconds on a CPU, for tests and smoke runs.
 """
 
@@ -102,6 +106,23 @@ PRESETS: dict[str, Preset] = {
                 eval_n=25,
                 val_set="eval_set",
                 checkpoint_every=150,
+            ),
+        ),
+        Preset(
+            "lm",
+            dict(
+                n_layers=4,
+                n_heads=4,
+                d_model=128,
+                d_mlp=512,
+                lr=1e-3,
+                weight_decay=0.01,
+                warmup=0.06,
+                steps=1500,
+                batch_size=16,
+                eval_every=250,
+                eval_n=64,
+                checkpoint_every=50,
             ),
         ),
         Preset(
