@@ -26,7 +26,7 @@ $(TL4_STAMP): pyproject.toml
 tl4: $(TL4_STAMP)  ## build (or reuse) the TransformerLens 4 environment
 
 # Test modules that import under TL 4 (the others import TL 3.9's HookedTransformer).
-TL4_TESTS := tests/test_tl_versions.py tests/test_random_init_control.py
+TL4_TESTS := tests/test_tl_versions.py tests/test_random_init_control.py tests/test_hf_analyses.py
 
 test-tl4: $(TL4_STAMP)  ## the tests marked tl4 (imported models, analyses) under TransformerLens 4
 	HF_HUB_OFFLINE=1 $(TL4_VENV)/bin/python -m pytest -m tl4 $(TL4_TESTS)

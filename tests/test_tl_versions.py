@@ -5,13 +5,12 @@ Imported models (`from_hf`: a HookedTransformer under 3.9, a TransformerBridge u
 compute what the transformers model computes and go through the analyses with their defaults;
 our own models and checkpoints need TL 3.9 and, under 4.x, say so in one line."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers as tf
+from test_hf_analyses import VOCAB, run_cli, word_tokenizer
 
 from nopeinterp._tl import TL4, TLVersionError
 from nopeinterp.models.hf import from_hf
@@ -20,7 +19,6 @@ from nopeinterp.similarity import compare_attention
 
 pytestmark = pytest.mark.tl4
 
-VOCAB = 48
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 
 
@@ -33,15 +31,6 @@ def tiny(name, seed=0):
     }[name]  # fmt: skip
     torch.manual_seed(seed)
     return model_cls(config).eval()
-
-
-def word_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {f"w{i}": i for i in range(VOCAB - 1)} | {"<unk>": VOCAB - 1}
-    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return tf.PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "neox"])
@@ -73,11 +62,6 @@ def test_analyses_run_with_their_defaults_on_an_imported_gpt2():
     assert set(dist.table["layer"]) == {0, 1}
     same = compare_attention(model, {"other": other}, progress=False)
     assert set(same.ranking["ref"]) == {"other"} and (same.ranking["mean"] > 0).all()
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "nopeinterp.cli", *args],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
 def test_cli_probe_position_on_an_imported_directory(tmp_path):
