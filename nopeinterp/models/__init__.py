@@ -200,6 +200,8 @@ def layer_pes(model) -> list[str]:
     n_layers = model.cfg.n_layers
     if isinstance(model, PETransformer):
         return [model.pe] * n_layers if model.absolute_embedding else list(model.layer_pe)
+    if getattr(model, "layer_pe", None) is not None:  # a bridge over SmolLM3 (TL 4)
+        return list(model.layer_pe)
     kind = model.cfg.positional_embedding_type
     return [_TL_PE_NAMES.get(kind, kind)] * n_layers
 

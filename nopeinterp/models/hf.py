@@ -37,9 +37,11 @@ from typing import Any
 import torch
 
 from nopeinterp._tl import (
+    TL4,
     Attention,
     HookedTransformer,
     HookedTransformerConfig,
+    bridge,
     tl_deprecation_silenced,
 )
 from nopeinterp.models.alibi import alibi_slopes
@@ -367,7 +369,6 @@ def from_hf(
     `custom_decoder_only_t5` (its 1B code LMs; `nopeinterp.models.codellm`), opened without
     running any of their files; anything else raises HFModelError.
     """
-    from transformer_lens.pretrained import weight_conversions
     from transformers import PreTrainedModel
 
     if isinstance(model_or_local_dir, str | os.PathLike) and is_codellm_dir(model_or_local_dir):
@@ -389,6 +390,14 @@ def from_hf(
     hf_config = hf.config
     limit = _context_limit(hf_config)
     ctx = _ctx(limit, n_ctx, arch, hard=family.pe == "ape")
+    if TL4:  # no HookedTransformer to convert into: a TransformerBridge over the model itself
+        model = bridge(hf, tokenizer, device, ctx)
+        if family.pe == "per-layer":
+            model.layer_pe = ["rotary" if f else "nope" for f in hf_config.no_rope_layers]
+        model.pe_options = _bridge_pe_options(model.cfg)
+        return _finish(model, tokenizer, arch, hf_config)
+    from transformer_lens.pretrained import weight_conversions
+
     param = next(hf.parameters())
     cfg = HookedTransformerConfig(
         **family.config(hf_config, arch, ctx),
@@ -428,9 +437,17 @@ def from_hf(
     return _finish(model, tokenizer, arch, hf_config)
 
 
+def _bridge_pe_options(cfg) -> dict:
+    """The rotary fraction and base of a bridge's cfg, as `model.pe_options` gives them."""
+    if cfg.positional_embedding_type != "rotary" or not getattr(cfg, "rotary_dim", None):
+        return {}
+    return {"fraction": cfg.rotary_dim / cfg.d_head, "base": getattr(cfg, "rotary_base", 10000)}
+
+
 def _finish(model, tokenizer, arch: str, hf_config=None):
     if tokenizer is not None:
-        model.tokenizer = tokenizer  # not set_tokenizer: that re-loads it by name
+        if model.tokenizer is not tokenizer:  # a bridge (TL 4) holds it already
+            model.tokenizer = tokenizer  # not set_tokenizer: that re-loads it by name
         model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
     model.hf_architecture = arch
     model.hf_config = hf_config  # what the random-init control re-initialises from

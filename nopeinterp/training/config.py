@@ -76,6 +76,7 @@ class TrainConfig:
     stop_at_val: float | None = flag(
         None, "finish early once the validation exact match reaches this"
     )
+    stop_evals: int = flag(1, "... on this many evaluations in a row")
     checkpoint_every: int = flag(250, "steps between training-state saves")
     dtype: str = flag("float32", "of the saved checkpoint", choices=("float32", "float16"))
     precision: str = flag("fp32", "of the computation: fp32, bf16 or fp16 (autocast)")
@@ -97,7 +98,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise NopeinterpError naming the first bad value; nothing has run yet."""
         from nopeinterp.models import ARCH_TYPES, PE_TYPES
-        from nopeinterp.tasks import TRAIN_TASKS
+        from nopeinterp.tasks import LM_TASK, TRAIN_TASKS
         from nopeinterp.training.runtime import DEVICES, PRECISIONS
 
         if self.task not in TRAIN_TASKS:
@@ -108,7 +109,7 @@ class TrainConfig:
             raise NopeinterpError(f"unknown pe {self.pe!r}; choose one of {', '.join(PE_TYPES)}")
         for name in ("steps", "batch_size", "n_layers", "n_heads", "d_model", "eval_every"):
             _at_least(self, name, 1)
-        for name in ("eval_n", "checkpoint_every", "grad_accum"):
+        for name in ("eval_n", "checkpoint_every", "grad_accum", "stop_evals"):
             _at_least(self, name, 1)
         for name in ("d_mlp", "d_head"):
             if getattr(self, name) is not None:
@@ -143,6 +144,10 @@ class TrainConfig:
             value = getattr(self, name)
             if not ok or (isinstance(value, float) and not math.isfinite(value)):
                 raise NopeinterpError(f"{name}={value!r}: must be {expected}")
+        if self.stop_at_val is not None and self.task == LM_TASK:
+            raise NopeinterpError(
+                f"stop_at_val={self.stop_at_val}: the {LM_TASK} task has no exact match to stop on"
+            )
         if self.batch_size % self.grad_accum:
             raise NopeinterpError(
                 f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}"

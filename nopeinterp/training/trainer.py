@@ -14,7 +14,10 @@ them, so every rank's data is a disjoint, deterministic slice and the loss (a su
 tokens divided by the global batch's target-token count) is the single-process loss.
 Rank 0 alone evaluates and writes files: the training state (weights, optimizer, scaler,
 step, best validation) every `checkpoint_every` steps to `<out>.state.pt`, and the model with
-the best validation exact match (ID lengths, as the paper selects) to `out`, both atomically.
+the best validation exact match (ID lengths, as the paper selects) to `out`, both atomically,
+and every validation so far to `<out>.history.json` (`validation_curve_path`). With
+`stop_at_val` set, training ends early once validation has reached it `stop_evals` times in a
+row (the schedule stays the one of `steps`).
 The `lm` task (`tasks.lm`: next-token prediction on a corpus) trains on chunks of its
 context, every next token a target, and keeps the model with the lowest validation loss
 (the state's `best_acc` then holds minus that loss: higher is better for both).
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import time
@@ -72,6 +76,22 @@ def lr_factor(step: int, total: int, warmup_steps: int) -> float:
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     return max(0.0, (total - step) / max(1, total - warmup_steps))
+
+
+def reached_stop_val(history: list[dict], cfg: TrainConfig) -> bool:
+    """Whether the last `cfg.stop_evals` evaluations all reached `cfg.stop_at_val`."""
+    last = history[-cfg.stop_evals :]
+    return (
+        cfg.stop_at_val is not None
+        and len(last) == cfg.stop_evals
+        and all(h["val_accuracy"] >= cfg.stop_at_val for h in last)
+    )
+
+
+def validation_curve_path(out) -> Path:
+    """`<out>.history.json`: every validation of the run so far (written at each one)."""
+    out = Path(out)
+    return out.with_name(out.name + ".history.json")
 
 
 def train_examples(task, cfg: TrainConfig, step: int):
@@ -196,6 +216,7 @@ def train(config: TrainConfig) -> Path:
 def _train(cfg: TrainConfig, rt: Runtime) -> Path:
     out = Path(cfg.out)
     state_path = out.with_name(out.name + ".state.pt")
+    curve_path = validation_curve_path(out)
     if cfg.batch_size % (rt.world_size * cfg.grad_accum):
         raise NopeinterpError(
             f"batch_size={cfg.batch_size} is not divisible by world_size*grad_accum="
@@ -385,7 +406,11 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             if score > best_acc:
                 best_acc = score
                 save_best(done, {val_key: last_val})
-            reached = not lm and cfg.stop_at_val is not None and last_val >= cfg.stop_at_val
+            reached = reached_stop_val(history, cfg)  # never for lm (refused by validate)
+            # every evaluation so far (the checkpoint's meta stops at the best one)
+            early = reached and done < cfg.steps
+            curve = json.dumps({"steps": cfg.steps, "history": history, "stopped_early": early})
+            atomic_write(curve_path, lambda t, text=curve: Path(t).write_text(text))
         if cfg.stop_at_val is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
             reached = rt.broadcast(reached)  # every rank finishes at the same step
         stopped = cfg.stop_after is not None and cfg.stop_after <= done < cfg.steps
