@@ -16,10 +16,13 @@ from typing import ClassVar
 import pandas as pd
 import torch
 
-from nopeinterp.data import as_model, max_positions, resolve_task, task_examples, task_lengths
+from nopeinterp.data import max_positions, resolve_task, task_examples, task_lengths
+from nopeinterp.inputs import ModelInput, as_model
+from nopeinterp.options import EvalOptions
 from nopeinterp.progress import progress as progress_bar
 from nopeinterp.results import Result
 from nopeinterp.tasks import Example, decode_answer, encode_examples
+from nopeinterp.tasks.scratchpad import score_steps
 
 
 def _left_pad(batch, pad_id):
@@ -115,6 +118,20 @@ def exact_match(model, tokenizer, task, examples, *, batch_size=64, use_cache=Tr
     return [task.is_correct(ex, a) for ex, a in zip(examples, answers, strict=True)]
 
 
+def scratchpad_columns(examples, answers) -> dict:
+    """Step scores of one length's answers: `steps_right` (mean share of gold steps written
+    right, at their index), `all_steps_right` (items with every step right and no extra one)
+    and `first_wrong_step` (mean index of the first wrong or missing step, over the items
+    that have one; NaN when none has)."""
+    scores = [score_steps(ex.target, a) for ex, a in zip(examples, answers, strict=True)]
+    wrong = [s.first_wrong for s in scores if s.first_wrong is not None]
+    return {
+        "steps_right": sum(s.share_right for s in scores) / len(scores),
+        "all_steps_right": len(scores) - len(wrong),
+        "first_wrong_step": sum(wrong) / len(wrong) if wrong else math.nan,
+    }
+
+
 ERROR_KINDS = ("correct", "too short", "too long", "wrong words")
 
 
@@ -150,8 +167,13 @@ class EvalResult(Result):
             ok_n=table["n"].where(table["evaluable"], 0),
             not_evaluable=~table["evaluable"].astype(bool),
         )
+        steps = "steps_right" in table
+        if steps:  # a share per item: weighted by items, like the accuracy
+            t["ok_steps"] = (table["steps_right"] * table["n"]).where(table["evaluable"], 0)
+            t["ok_all_steps"] = table["all_steps_right"].where(table["evaluable"], 0)
+        step_cols = ["ok_steps", "ok_all_steps"] if steps else []
         g = t.groupby(["model", "pe", "split"], sort=False)[
-            ["ok_correct", "ok_n", "not_evaluable", *kinds]
+            ["ok_correct", "ok_n", "not_evaluable", *kinds, *step_cols]
         ].sum()
         n = g["ok_n"].where(g["ok_n"] > 0)
         out = pd.DataFrame(
@@ -160,24 +182,17 @@ class EvalResult(Result):
                 "n": g["ok_n"].astype(int),
                 "lengths_not_evaluable": g["not_evaluable"].astype(int),
                 **{k: g[k] / n for k in kinds},
+                **(
+                    {"steps_right": g["ok_steps"] / n, "all_steps_right": g["ok_all_steps"] / n}
+                    if steps
+                    else {}
+                ),
             }
         )
         return out.reset_index()
 
     def tables(self) -> dict[str, pd.DataFrame]:
         return {"accuracy_by_length": self.table, "accuracy_summary": self.summary}
-
-    def figure(self):
-        from nopeinterp.viz.evaluation import accuracy_figure
-
-        return accuracy_figure(self.table)
-
-    def html_sections(self) -> list:
-        return [
-            ("Accuracy vs length", self.figure()),
-            ("Summary", self.summary),
-            ("Per length", self.table),
-        ]
 
     @classmethod
     def concat(cls, results) -> EvalResult:
@@ -187,19 +202,19 @@ class EvalResult(Result):
         return cls(pd.concat([r.table for r in results], ignore_index=True), meta)
 
 
-def evaluate(
-    model,
-    data=None,
-    *,
-    lengths=None,
-    n: int | None = 200,
-    batch_size: int = 64,
-    seed: int = 0,
-    use_cache: bool = True,
-    progress: bool = True,
-    name: str | None = None,
-    error_kinds: bool = False,
-) -> EvalResult:
+def model_and_task(model, data=None, name: str | None = None, *, device=None):
+    """(ModelInput, Task, tokenizer) of a model and its task: `data` (a task name, Task, dict
+    or (task, tokenizer) pair) or, when None, the checkpoint's own task with its options."""
+    mi = as_model(model, name, device=device)
+    if data is None:
+        data = mi.task_spec
+        if data is None:
+            raise ValueError(f"{mi.name}: records no task; pass data= (a task name or Task)")
+    task, tokenizer = resolve_task(data, mi.tokenizer, mi.model)
+    return mi, task, tokenizer
+
+
+def evaluate(model, data=None, *, options: EvalOptions | None = None, **changes) -> EvalResult:
     """Exact-match accuracy per length (greedy decoding): one row per length.
 
     `model`: a HookedTransformer, a Checkpoint or a checkpoint path. `data`: the task (a
@@ -213,22 +228,22 @@ def evaluate(
     `n=None`: each length's items of the task's evaluation set instead (`Task.eval_set`: every
     item once, the task's default size; SCAN's OOD lengths: the whole pool).
     `error_kinds=True` adds one count column per kind of wrong answer (`ERROR_KINDS`: too
-    short, too long, wrong words; see `error_kind`).
+    short, too long, wrong words; see `error_kind`). A task with a scratchpad is scored on the
+    answer after its closing marker, and gets the step columns of `scratchpad_columns`. Options
+    (`nopeinterp.options.EvalOptions`): `options=` or any of its fields.
     """
-    if n is not None and n < 1:
-        raise ValueError(f"n (examples per length) must be >= 1, got {n}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    mi = as_model(model, name)
-    if data is None:
-        data = mi.task_spec
-        if data is None:
-            raise ValueError(f"{mi.name}: records no task; pass data= (a task name or Task)")
-    task, tokenizer = resolve_task(data, mi.tokenizer, mi.model)
-    if lengths is None:
+    opts = EvalOptions.make(options, **changes)
+    mi, task, tokenizer = model_and_task(model, data, opts.name, device=opts.device)
+    return run_evaluate(mi, task, tokenizer, opts)
+
+
+def run_evaluate(mi: ModelInput, task, tokenizer, opts: EvalOptions) -> EvalResult:
+    """Exact match of `mi` on `task` (resolved), at `opts.lengths` (default the task's)."""
+    n, seed = opts.n, opts.seed
+    if opts.lengths is None:
         lengths = task_lengths(task)
     else:
-        lengths = list(lengths)
+        lengths = list(opts.lengths)
         bad = [x for x in lengths if not task.min_length <= x <= task.max_length]
         if bad:
             raise ValueError(
@@ -240,7 +255,7 @@ def evaluate(
     pe = mi.meta.get("pe", getattr(mi.model, "pe", None))
     rows, skipped = [], []
     for length in progress_bar(
-        list(lengths), desc=f"eval {mi.name}", disable=not progress, leave=False
+        list(lengths), desc=f"eval {mi.name}", disable=not opts.progress, leave=False
     ):
         if not task.has_length(length):
             continue
@@ -260,13 +275,15 @@ def evaluate(
             rows.append({**row, "correct": 0, "accuracy": math.nan, "evaluable": False})
             continue
         answers = greedy_answers(
-            mi.model, tokenizer, examples, batch_size=batch_size, use_cache=use_cache
+            mi.model, tokenizer, examples, batch_size=opts.batch_size, use_cache=opts.use_cache
         )
         kinds = [error_kind(task, ex, a) for ex, a in zip(examples, answers, strict=True)]
         correct = kinds.count("correct")
         row = {**row, "correct": correct, "accuracy": correct / len(kinds), "evaluable": True}
-        if error_kinds:
+        if opts.error_kinds:
             row.update({k: kinds.count(k) for k in ERROR_KINDS[1:]})
+        if task.scratchpad:
+            row.update(scratchpad_columns(examples, answers))
         rows.append(row)
     if not rows:
         raise ValueError(f"no evaluable lengths among {list(lengths)} for task {task.name}")
