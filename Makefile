@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.nopeinterp-installed
 REPORT ?= reports/main
 
-.PHONY: main test lint bench checkpoints
+.PHONY: main test lint bench checkpoints tl4 test-tl4
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -12,6 +12,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,dev]'
 	touch $(STAMP)
+
+# A second environment with TransformerLens 4 (HookedTransformer removed), reused when present.
+TL4_VENV  ?= .venv-tl4
+TL4_STAMP := $(TL4_VENV)/.nopeinterp-installed
+
+$(TL4_STAMP): pyproject.toml
+	test -x $(TL4_VENV)/bin/python || python3 -m venv $(TL4_VENV)
+	$(TL4_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(TL4_VENV)/bin/python -m pip install -q -e '.[test]' 'transformer-lens>=4,<5'
+	touch $(TL4_STAMP)
+
+tl4: $(TL4_STAMP)  ## build (or reuse) the TransformerLens 4 environment
+
+# Test modules that import under TL 4 (the others import TL 3.9's HookedTransformer).
+TL4_TESTS := tests/test_tl_versions.py tests/test_random_init_control.py tests/test_hf_analyses.py
+
+test-tl4: $(TL4_STAMP)  ## the tests marked tl4 (imported models, analyses) under TransformerLens 4
+	HF_HUB_OFFLINE=1 $(TL4_VENV)/bin/python -m pytest -m tl4 $(TL4_TESTS)
 
 main: $(STAMP)  ## the main job, on the shipped checkpoints
 	$(PY) -m nopeinterp.cli report --checkpoints checkpoints --out $(REPORT)

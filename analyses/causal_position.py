@@ -162,7 +162,7 @@ def analyse(info, n_train: int, n_eval: int, n_heads: int, progress: bool):
     """The three analyses of one checkpoint -> (erasure, dilution, taxonomy) tables."""
     import torch
 
-    from nopeinterp.data import as_model
+    from nopeinterp.inputs import as_model
     from nopeinterp.probing import attention_sinks, classify_heads, erase_position
 
     torch.set_num_threads(1)

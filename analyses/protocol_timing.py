@@ -1,10 +1,12 @@
 """Per-step training cost and per-item decoding cost at the protocol's model size (PROTOCOL.md).
 
     python analyses/protocol_timing.py [--splits mdlen cmc2x] [--pes nope t5 ...] [--steps 20]
+        [--preset repro-t5]
 
-One torch thread, the current trainer's own batch and loss functions, AdamW; the median over
-steps after the first 4. Reports wall time and process CPU time: on a shared machine the CPU
-time is the better estimate of what the step costs on an idle core. Decoding is timed on up to
+One torch thread, the preset's model and batch (default `repro`), the current trainer's own
+batch and loss functions, AdamW with gradient clipping; the median over steps after the first
+4. Reports wall time, process CPU time and the machine's load average before and after: on a
+shared machine the CPU time is the better estimate of what the step costs on an idle core. Decoding is timed on up to
 256 items of the split's test set with an untrained model (it never stops early at <eos>, so
 this is an upper bound). Prints one JSON line per (split, pe). Used only to size the protocol.
 """
@@ -13,17 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
 
 from nopeinterp.evaluation import exact_match
 from nopeinterp.models import build_model
-from nopeinterp.tasks import PAPER_SPLITS, task_tokenizer
-from nopeinterp.training.trainer import TrainConfig, target_loss, train_batch
-
-SIZE = {"n_layers": 4, "n_heads": 8, "d_model": 128}  # PROTOCOL.md
-BATCH = 64
+from nopeinterp.tasks import PAPER_SPLITS, encode_examples, task_tokenizer
+from nopeinterp.training.presets import PRESETS
+from nopeinterp.training.trainer import make_config, target_loss, train_examples
 
 
 def main() -> None:
@@ -31,6 +32,7 @@ def main() -> None:
     p.add_argument("--splits", nargs="+", default=["mdlen", "cmc2x"], choices=list(PAPER_SPLITS))
     p.add_argument("--pes", nargs="+", default=["nope", "t5", "alibi", "rotary", "sinusoidal"])
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--preset", default="repro", choices=list(PRESETS))
     args = p.parse_args()
     torch.set_num_threads(1)
     for split in args.splits:
@@ -39,18 +41,23 @@ def main() -> None:
         test = task.eval_set("test")
         sub = test[:: max(1, len(test) // 256)][:256]
         for pe in args.pes:
-            cfg = TrainConfig(task=task.name, pe=pe, out="unused", batch_size=BATCH)
+            opts = PAPER_SPLITS[split].options
+            cfg = make_config(task.name, pe, "unused.pt", preset=args.preset, task_options=opts)
             model = build_model(
-                pe, **SIZE, d_vocab=len(tok), n_ctx=128, seed=0, attn_scale=False, tokenizer=tok
-            )
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+                pe, n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_model=cfg.d_model,
+                d_mlp=cfg.d_mlp, d_head=cfg.d_head, arch=cfg.arch, d_vocab=len(tok), n_ctx=128,
+                seed=0, attn_scale=cfg.attn_scale, tokenizer=tok, dropout=cfg.dropout,
+            )  # fmt: skip
+            opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+            load_before = os.getloadavg()[0]
             model.train()
             wall, cpu = [], []
             for step in range(args.steps):
                 t0, c0 = time.perf_counter(), time.process_time()
-                loss = target_loss(model, train_batch(task, tok, cfg, step))
+                loss = target_loss(model, encode_examples(tok, train_examples(task, cfg, step)))
                 opt.zero_grad()
                 loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 opt.step()
                 wall.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
@@ -68,13 +75,16 @@ def main() -> None:
                     {
                         "split": split,
                         "pe": pe,
-                        **SIZE,
-                        "batch": BATCH,
+                        "preset": args.preset,
+                        **{k: getattr(cfg, k) for k in ("arch", "n_layers", "n_heads", "d_head")},
+                        "d_model": cfg.d_model,
+                        "batch": cfg.batch_size,
                         "step_wall_s": median(wall),
                         "step_cpu_s": median(cpu),
                         "decode_wall_s_per_item": round(ev_wall / len(sub), 5),
                         "decode_cpu_s_per_item": round(ev_cpu / len(sub), 5),
                         "test_items": len(test),
+                        "load_avg_1min": [load_before, os.getloadavg()[0]],
                     }
                 ),
                 flush=True,

@@ -1,4 +1,4 @@
-"""The reproduction grid of issue 16, run exactly as analyses/PROTOCOL.md fixes it.
+"""The reproduction grid of the paper's comparison, run exactly as analyses/PROTOCOL.md fixes it.
 
     python analyses/reproduction.py search          # the 30 LR-search runs (validation only)
     python analyses/reproduction.py grid --lr 1e-3  # seed 0 of all 50 (split, PE), then 1, 2
@@ -7,6 +7,15 @@
     python analyses/reproduction.py analyse --lr X  # probes, distance, attention on mdlen, len
     python analyses/reproduction.py errors --lr X   # how the wrong test answers fail (re-decodes)
     python analyses/reproduction.py rebuild --lr X  # train committed runs again for checkpoints
+    python analyses/reproduction.py pilot [--lrs 1e-3 3e-4] [--steps 6000] [--commit]
+    python analyses/reproduction.py pilot-table     # the pilot's runs: steps to 0.95, s/step
+
+`pilot` is not a result: one seed per PE on two splits (PILOT_SPLITS) with the paper's T5
+decoder at its head width (`--preset repro-t5`), trained until ID validation exact match is
+>= 0.95 on two evaluations in a row or the step cap, to size the next protocol (its step cap,
+learning rate per PE, shape). Its checkpoints go under runs/reproduction/pilot/ and each
+finished run's record to analyses/results/reproduction/pilot/steps=<cap>/lr=<lr>/<run>.json
+(`--commit`: committed to git as it finishes); rerunning resumes it.
 
 Every run uses `--preset repro` (nopeinterp/training/presets.py) with the learning rate passed
 explicitly. Checkpoints go under runs/reproduction/lr=<lr>/ (git-ignored); each finished run's
@@ -21,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -43,6 +53,13 @@ SEEDS = (0, 1, 2)
 ANALYSED_SPLITS = ("mdlen", "len")  # the protocol's mechanistic analyses run on these
 DID_NOT_TRAIN = 0.90  # best validation accuracy below this: "did not train"
 TIE = 0.01  # LR criterion: within this of the best mean, the smallest rate wins
+# The pilot (not results): what the next protocol is sized from
+PILOT_PRESET = "repro-t5"
+PILOT_SPLITS = ("rsc", "mc")
+PILOT_SEED = 0
+PILOT_LRS = (1e-3, 3e-4)  # in this order: every run at the first rate, then the next
+PILOT_STEPS = 6000  # the pilot's step cap
+PILOT_STOP = {"stop_at_val": 0.95, "stop_evals": 2}  # ID validation >= 0.95 twice in a row
 
 
 def is_recorded_run(folder: Path, record: Path) -> bool:
@@ -238,16 +255,20 @@ def error_kinds(lr: float, splits=None) -> list[Path]:
     return paths
 
 
-def restore_records(lr: float, runs: set[str], *, tested_only: bool) -> list[str]:
+def restore_records(
+    lr: float, runs: set[str], *, tested_only: bool, folder: Path | None = None
+) -> list[str]:
     """Put each committed record of `runs` at `lr` back in its run folder where that folder has
     none (`tested_only`: only records with a test result). On a new machine runs/ is empty:
-    the sweep then skips those runs instead of training them again."""
+    the sweep then skips those runs instead of training them again. `folder`: the records'
+    folder under RECORDS and the runs' under RUNS (default `lr=<lr>`)."""
+    folder = Path(lr_folder(lr)) if folder is None else folder
     restored = []
-    for path in sorted((RECORDS / lr_folder(lr)).glob("*.json")):
+    for path in sorted((RECORDS / folder).glob("*.json")):
         run = path.stem
         if run not in runs or (tested_only and json.loads(path.read_text())["test"] == "none"):
             continue
-        dest = RUNS / lr_folder(lr) / run / RECORD
+        dest = RUNS / folder / run / RECORD
         if not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest)
@@ -388,6 +409,132 @@ def search(workers: int = 1) -> None:
         for run in restore_search_records(lr):
             print(f"{run}: committed record restored", flush=True)
         _sweep(SEARCH_SPLITS, [0], lr, "none", workers)
+
+
+def pilot_folder(steps: int, lr: float) -> Path:
+    """The pilot's folder of one (step cap, rate), under RUNS and under RECORDS."""
+    return Path("pilot") / f"steps={steps}" / lr_folder(lr)
+
+
+def commit_records(paths: list[Path], message: str) -> None:
+    """`git add` and commit `paths` (only those) in this checkout; a failure (a git command
+    of another process holding the index, say) is one line, and the next commit takes them."""
+    paths = [str(p) for p in paths]
+    try:
+        for cmd in (["add", "--", *paths], ["commit", "-q", "-m", message, "--", *paths]):
+            subprocess.run(["git", "-C", str(ROOT), *cmd], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        err = getattr(e, "stderr", b"") or b""
+        print(f"warning: not committed ({err.decode().strip() or e}): {message}", flush=True)
+
+
+def pilot(lrs=PILOT_LRS, steps: int = PILOT_STEPS, splits=PILOT_SPLITS, commit=False) -> None:
+    """The pilot: every (split, PE) of `splits` at seed 0 with `--preset repro-t5`, one rate
+    after the other, each run until PILOT_STOP or `steps`; its test set decoded at the end.
+    Each finished run's record is copied under RECORDS/pilot/ (`commit`: and committed)."""
+    if steps < 1 or any(lr <= 0 for lr in lrs):
+        raise NopeinterpError(f"steps={steps}, lrs={list(lrs)}: need steps >= 1 and rates > 0")
+    for split in splits:
+        if split not in PAPER_SPLITS:
+            raise NopeinterpError(f"unknown split {split!r}; choose from {', '.join(PAPER_SPLITS)}")
+    for lr in lrs:
+        folder = pilot_folder(steps, lr)
+        runs = {run_name(spec) for split in splits for spec in split_runs(split, [PILOT_SEED])}
+        for run in restore_records(lr, runs, tested_only=True, folder=folder):
+            print(f"{run}: committed record restored", flush=True)
+
+        def log(line: str, folder=folder) -> None:
+            print(line, flush=True)
+            run, _, status = line.partition(": ")
+            if status in ("finished", "tested") and (RUNS / folder / run / RECORD).exists():
+                dest = RECORDS / folder / f"{run}.json"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(RUNS / folder / run / RECORD, dest)
+                if commit:
+                    commit_records(
+                        [RECORDS / "pilot"], f"pilot (not results): record of {folder}/{run}"
+                    )
+
+        run_sweep(
+            [task_spec(s) for s in splits], FIVE_PES, [PILOT_SEED], RUNS / folder,
+            preset=PILOT_PRESET, overrides={"lr": lr, "steps": steps, **PILOT_STOP},
+            test="eval_set", log=log,
+        )  # fmt: skip
+
+
+def steps_to(curve: list[dict] | None, target: float) -> int | None:
+    """The first validation step at which exact match reached `target` (None: never)."""
+    return next((h["step"] for h in curve or [] if h["val_accuracy"] >= target), None)
+
+
+def pilot_runs(root: Path | None = None) -> pd.DataFrame:
+    """One row per committed pilot record (default: under RECORDS/pilot): its shape, rate, step
+    cap, the steps it ran, seconds per training step, steps to first reach 0.95 ID validation,
+    best validation and OOD exact match."""
+    root = RECORDS / "pilot" if root is None else root
+    rows = []
+    for path in sorted(root.glob("steps=*/lr=*/*.json")):
+        r = json.loads(path.read_text())
+        c, speed = r["config"], r.get("throughput") or {}
+        rows.append(
+            {
+                "split": r["split"], "pe": r["pe"], "seed": r["seed"], "arch": c["arch"],
+                "n_layers": c["n_layers"], "n_heads": c["n_heads"], "d_head": c["d_head"],
+                "d_model": c["d_model"], "lr": r["lr"], "steps": r["steps"],
+                "steps_run": r.get("steps_run"), "stopped_early": r.get("stopped_early"),
+                # training steps only (no validation), over the run's last training call
+                "s_per_step": 1 / speed["steps_per_s"] if speed.get("steps_per_s") else None,
+                "steps_to_target": steps_to(r.get("val_curve"), PILOT_STOP["stop_at_val"]),
+                "best_val": r["val_accuracy"], "best_step": r["best_step"],
+                "ood_accuracy": r.get("ood_accuracy"), "train_wall_s": r.get("run_wall_s"),
+            }
+        )  # fmt: skip
+    cols = ["split", "pe", "seed", "arch", "n_layers", "n_heads", "d_head", "d_model", "lr",
+            "steps", "steps_run", "stopped_early", "s_per_step", "steps_to_target", "best_val",
+            "best_step", "ood_accuracy", "train_wall_s"]  # fmt: skip
+    df = pd.DataFrame(rows, columns=cols)
+    return in_paper_order(df, "lr") if len(df) else df
+
+
+def pilot_curves(root: Path | None = None) -> pd.DataFrame:
+    """The pilot's validation curves: one row per (run, evaluation step)."""
+    root = RECORDS / "pilot" if root is None else root
+    rows = [
+        {"split": r["split"], "pe": r["pe"], "lr": r["lr"], "steps": r["steps"], **h}
+        for path in sorted(root.glob("steps=*/lr=*/*.json"))
+        for r in [json.loads(path.read_text())]
+        for h in r.get("val_curve") or []
+    ]  # fmt: skip
+    return pd.DataFrame(
+        rows, columns=["split", "pe", "lr", "steps", "step", "loss", "val_accuracy"]
+    )
+
+
+def pilot_table(out: Path | None = None) -> list[Path]:
+    """Print and write the pilot's run table and validation curves (default into
+    analyses/results/reproduction/pilot/)."""
+    from _common import print_written, write_table
+
+    runs = pilot_runs()
+    if runs.empty:
+        raise NopeinterpError(f"{RECORDS / 'pilot'}: no pilot records yet")
+    out = RECORDS / "pilot" if out is None else Path(out)
+    print(runs.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    target = PILOT_STOP["stop_at_val"]
+    paths = write_table(
+        runs, out, "pilot_runs", title="Pilot runs (not results: they size the next protocol)",
+        notes=f"One seed per PE. steps_to_target: the first validation step with ID exact match "
+        f">= {target} (empty: never). Training stops once validation is >= {target} on "
+        f"{PILOT_STOP['stop_evals']} evaluations in a row, or at `steps`. s_per_step: training "
+        "steps only, over the run's last training call, on a machine shared with other work "
+        "(an upper bound of the step's cost on an idle core).",
+    )  # fmt: skip
+    paths += write_table(
+        pilot_curves(), out, "pilot_curves", title="Pilot validation curves",
+        notes="ID validation exact match at every evaluation of each pilot run.",
+    )  # fmt: skip
+    print_written(paths)
+    return paths
 
 
 def grid_order() -> list[str]:
@@ -661,6 +808,13 @@ def main(argv=None) -> int:
     r.add_argument("--splits", nargs="+", choices=list(PAPER_SPLITS), default=list(ANALYSED_SPLITS))
     r.add_argument("--seeds", nargs="+", type=int, choices=list(SEEDS), default=list(SEEDS))
     r.add_argument("--workers", type=int, default=1)
+    pl = sub.add_parser("pilot", help="not results: the runs that size the next protocol")
+    pl.add_argument("--lrs", nargs="+", type=float, default=list(PILOT_LRS))
+    pl.add_argument("--steps", type=int, default=PILOT_STEPS, help="the step cap")
+    pl.add_argument("--splits", nargs="+", choices=list(PAPER_SPLITS), default=list(PILOT_SPLITS))
+    pl.add_argument("--commit", action="store_true", help="git-commit each finished record")
+    pt = sub.add_parser("pilot-table", help="the pilot's runs and validation curves")
+    pt.add_argument("--out", type=Path, default=None, help="default results/reproduction/pilot")
     a = sub.add_parser("analyse")
     a.add_argument("--lr", type=float, required=True)
     a.add_argument("--splits", nargs="+", default=list(ANALYSED_SPLITS))
@@ -675,6 +829,10 @@ def main(argv=None) -> int:
             error_kinds(args.lr, args.splits)
         elif args.command == "rebuild":
             rebuild(args.lr, args.splits, args.seeds, args.workers)
+        elif args.command == "pilot":
+            pilot(args.lrs, args.steps, args.splits, args.commit)
+        elif args.command == "pilot-table":
+            pilot_table(args.out)
         elif args.command == "analyse":
             analyse(args.lr, args.splits, args.quick)
         else:

@@ -17,7 +17,7 @@ from the issue.
     python -m bench.scaling [--quick] [--threads N]
     python -m bench.scaling --outside [--lengths 512,1024,2048]
 
---outside (issue 14): peak RSS growth of the CLI's `probe-distance --n-eval 1` and
+--outside (long sequences): peak RSS growth of the CLI's `probe-distance --n-eval 1` and
 `compare-attention --n 1` on a random 2-layer SmolLM3 with 16 heads (d_model 256), one
 random-token sequence per split (ID T, OOD T + 1), in a fresh process: the same command first
 runs at 8 tokens (imports, lazy initialisation), then the peak (VmHWM, reset) of the real run
@@ -277,7 +277,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--child", choices=KINDS, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--outside", action="store_true", help="issue 14: 16-head HF model RSS")
+    parser.add_argument(
+        "--outside", action="store_true", help="peak RSS of the CLI on a 16-head Hugging Face model"
+    )
     parser.add_argument("--lengths", default="512,1024,2048")
     args = parser.parse_args()
     if args.outside:

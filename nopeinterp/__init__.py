@@ -4,8 +4,9 @@ The top-level names are imported lazily: importing TransformerLens takes seconds
 `nopeinterp.tasks` or `nopeinterp --version` should not pay for it.
 """
 
-import importlib
 from importlib.metadata import PackageNotFoundError, version
+
+from nopeinterp._lazy import lazy_exports
 
 try:
     __version__ = version("nopeinterp")
@@ -29,14 +30,6 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'nopeinterp' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted([*globals(), *_EXPORTS])
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = ["__version__", *_EXPORTS]

@@ -59,6 +59,44 @@ def lengths(text: str) -> list[int]:
     return out
 
 
+def length_range(text: str) -> tuple[int, int]:
+    """'2-40' (or '5,10,20') -> (lo, hi): the range an option's id_lengths / ood_lengths take."""
+    found = lengths(text)
+    return (min(found), max(found))
+
+
+def integer(text: str) -> int:
+    """Any integer."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+
+
+def number(text: str) -> float:
+    """Any finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}")
+    return value
+
+
+def length_pair(text: str) -> list[int]:
+    """'2-20' -> [2, 20]: a task's length range as a task option records it."""
+    return list(length_range(text))
+
+
+def names(text: str) -> tuple[str, ...]:
+    """'nope,t5' -> ("nope", "t5")."""
+    out = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not out:
+        raise argparse.ArgumentTypeError(f"invalid list {text!r} (use e.g. nope,t5)")
+    return out
+
+
 def layers(text: str) -> list[int]:
     """'0,1,2' -> [0, 1, 2] (0 = embeddings, l = after block l)."""
     try:
@@ -137,3 +175,95 @@ def out_file(text: str) -> str:
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: is a folder, give a file path")
     return text
+
+
+# --- flags built from an options dataclass (nopeinterp.options) ------------------------------
+PARSERS = {
+    "positive_int": positive_int,
+    "integer": integer,
+    "number": number,
+    "length_pair": length_pair,
+    "lengths": lengths,
+    "length_range": length_range,
+    "layers": layers,
+    "names": names,
+}
+
+
+def flag_names(f) -> list[str]:
+    """The command-line names of an options field: --field-name, then its aliases."""
+    return ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
+
+
+def _shown(value) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def add_option_flags(parser, options_cls, *, skip=()) -> None:
+    """One flag per command-line field of `options_cls`, with its default and help."""
+    for f in options_cls.flags():
+        if f.name in skip:
+            continue
+        default = options_cls.default(f.name)
+        kw = {"dest": f.name, "default": default, "help": f.metadata.get("help") or None}
+        if isinstance(default, bool):
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            if f.metadata.get("parse"):
+                kw["type"] = PARSERS[f.metadata["parse"]]
+            if f.metadata.get("choices"):
+                kw["choices"] = f.metadata["choices"]
+            if default is not None and kw["help"] and "default" not in kw["help"]:
+                kw["help"] += f" (default {_shown(default)})"
+        parser.add_argument(*flag_names(f), **kw)
+
+
+def option_values(args, options_cls, *, skip=()) -> dict:
+    """{field: value} of the flags `add_option_flags` added, as parsed."""
+    return {f.name: getattr(args, f.name) for f in options_cls.flags() if f.name not in skip}
+
+
+# TrainConfig's field types -> argparse types; TrainConfig itself checks the values (nan, <= 0)
+_TYPES = {"int": int, "float": float, "int | None": int, "float | None": float}
+
+
+def add_config_flags(parser, fields) -> None:
+    """Flags of a config dataclass's `fields` (`nopeinterp.training.config.flag` metadata). A
+    flag not given is absent from the parsed arguments (the preset's value, else the field's
+    default, stays); a dict field's keys get a flag each, their dest "field.key"."""
+    S = argparse.SUPPRESS
+    for f in fields:
+        meta = f.metadata
+        for key, (name, parse, help) in (meta["nested"] or {}).items():
+            parser.add_argument(name, dest=f"{f.name}.{key}", type=PARSERS[parse], default=S,
+                                help=help, metavar=key.upper())  # fmt: skip
+        if meta["nested"]:
+            continue
+        default = f.default
+        shown = "" if default is None else f"{default}, or "
+        help = f"{meta['help']} (default {shown}the preset's)"
+        name = "--" + f.name.replace("_", "-")
+        if meta.get("store_true"):
+            parser.add_argument(name, action="store_true", default=S, help=meta["help"])
+        elif isinstance(default, bool) or meta.get("boolean"):
+            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=S, help=help)
+        else:
+            kind = meta.get("choices") and None or _TYPES.get(f.type)
+            parser.add_argument(name, type=kind, choices=meta.get("choices"), default=S, help=help)
+
+
+def config_values(args, fields) -> dict:
+    """{field: value} of the config flags given (dict fields: {key: value} of theirs)."""
+    given, out = vars(args), {}
+    for f in fields:
+        if f.metadata["nested"]:
+            sub = {
+                k: given[f"{f.name}.{k}"] for k in f.metadata["nested"] if f"{f.name}.{k}" in given
+            }
+            if sub:
+                out[f.name] = sub
+        elif f.name in given:
+            out[f.name] = given[f.name]
+    return out

@@ -1,19 +1,88 @@
-"""The one place nopeinterp touches TransformerLens' HookedTransformer API surface.
+"""The one place nopeinterp touches TransformerLens' model API, under TL 3.9 and TL 4.x.
 
-TL 3.9 warns on every HookedTransformer construction that the class is deprecated in favour
-of TransformerBridge (TL 4). We pin TL < 4 and silence exactly that warning here, around the
-constructor call (a module-level filter would be undone by pytest's and notebooks' own
-filters), so a later port to TransformerBridge touches this module and nopeinterp/models/.
+What the analyses need of a model is a small protocol, which both versions' models meet: the
+TL hook names (`blocks.{i}.hook_resid_post`, `blocks.{i}.attn.hook_pattern`, ...),
+`run_with_cache(tokens, attention_mask=, names_filter=, stop_at_layer=)` / `hooks()`, a `cfg`
+with n_layers, n_heads, d_model, d_vocab, n_ctx, device and dtype, and a `tokenizer`.
+
+TL 3.9: our models are `HookedTransformer`s (nopeinterp/models/base.py) and `from_hf`
+converts a transformers model into one. TL 3.9 warns on every HookedTransformer construction
+that the class is deprecated in favour of TransformerBridge; exactly that warning is silenced
+around the constructor call (`tl_deprecation_silenced`; a module-level filter would be undone
+by pytest's and notebooks' own filters).
+
+TL 4.x removed `HookedTransformer`, `HookedTransformerConfig` and the component tree our
+models subclass (it keeps `HookedRootModule`, `HookPoint`, `ActivationCache`, the hook names
+and `TransformerBridge`). There, `from_hf` wraps the transformers model in a
+`TransformerBridge` in compatibility mode without weight processing (`bridge`), so the hook
+values are the transformers model's own, as under 3.9, and the analyses run on it. Our own
+models (every PE, both architectures, hence every checkpoint) need TL 3.9: under 4.x,
+building or loading one raises `TLVersionError`, one line.
 """
 
 import contextlib
 import warnings
+from importlib.metadata import version
 
-from transformer_lens import ActivationCache, HookedTransformer, HookedTransformerConfig
-from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-from transformer_lens.components import Attention, LayerNorm, TransformerBlock
+from torch import nn
+from transformer_lens import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_offset_position_ids
+
+from nopeinterp.errors import NopeinterpError
+
+TL_VERSION = version("transformer-lens")
+TL4 = int(TL_VERSION.split(".")[0]) >= 4
+
+OWN_MODELS_NEED_TL3 = (
+    f"nopeinterp's own models and checkpoints are built on TransformerLens' HookedTransformer, "
+    f"which TransformerLens {TL_VERSION} removed: install 'transformer-lens>=3.9,<4' for them "
+    "(models imported with from_hf run under both)"
+)
+
+
+class TLVersionError(NopeinterpError, RuntimeError):
+    """Something the installed TransformerLens version cannot do."""
+
+
+if TL4:
+
+    class _RemovedInTL4(nn.Module):
+        """Stands in for a TL 3.9 class that TL 4 removed: ours may subclass it (so every module
+        imports), and constructing one says, in one line, what to install."""
+
+        def __init__(self, *args, **kwargs):
+            raise TLVersionError(OWN_MODELS_NEED_TL3)
+
+    class HookedTransformer(_RemovedInTL4):
+        pass
+
+    class HookedTransformerConfig(_RemovedInTL4):
+        pass
+
+    class Attention(_RemovedInTL4):
+        pass
+
+    class LayerNorm(_RemovedInTL4):
+        pass
+
+    class TransformerBlock(_RemovedInTL4):
+        pass
+
+    class PosEmbed(_RemovedInTL4):
+        pass
+
+    def init_kv_cache(model, batch: int):
+        raise TLVersionError(OWN_MODELS_NEED_TL3)
+
+else:
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+    from transformer_lens.components import Attention, LayerNorm, PosEmbed, TransformerBlock
+
+    def init_kv_cache(model, batch: int):
+        """An empty TransformerLens KV cache for `batch` sequences on the model's device."""
+        return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch)
 
 
 @contextlib.contextmanager
@@ -25,20 +94,64 @@ def tl_deprecation_silenced():
         yield
 
 
-def init_kv_cache(model, batch: int):
-    """An empty TransformerLens KV cache for `batch` sequences on the model's device."""
-    return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch)
+def bridge(hf_model, tokenizer=None, device=None, n_ctx: int | None = None):
+    """A TL 4 `TransformerBridge` over a transformers causal LM (nothing downloaded), in
+    compatibility mode (TL 3.9 hook names and shapes) with no weight processing: the hooks
+    see what the transformers model computes, in its own basis."""
+    import copy
+    import logging
+
+    from transformer_lens.model_bridge import TransformerBridge
+
+    param = next(hf_model.parameters())
+    config = hf_model.config
+    # The bridge configures (changes) the tokenizer it is given and, given none, loads one by
+    # the model's name: it gets a copy, or a one-token stand-in, and the model keeps the
+    # caller's tokenizer as given (None: none).
+    boot_tokenizer = copy.deepcopy(tokenizer) if tokenizer is not None else _stand_in_tokenizer()
+    name = getattr(config, "_name_or_path", "") or type(hf_model).__name__
+    tl_logger = logging.getLogger("transformer_lens")
+    level = tl_logger.level
+    tl_logger.setLevel(logging.ERROR)  # no warnings about the model not being on the Hub
+    try:
+        model = TransformerBridge.boot_transformers(
+            name,
+            hf_model=hf_model,
+            tokenizer=boot_tokenizer,
+            device=str(device if device is not None else param.device),
+            dtype=param.dtype,
+            n_ctx=n_ctx,
+        )
+    finally:
+        tl_logger.setLevel(level)
+    model.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    model._tokenizer = tokenizer  # past the setter, which would configure it again
+    return model.eval()
+
+
+def _stand_in_tokenizer():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    return PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
 
 
 __all__ = [
+    "OWN_MODELS_NEED_TL3",
+    "TL4",
+    "TL_VERSION",
+    "TLVersionError",
     "ActivationCache",
     "Attention",
     "HookPoint",
     "HookedTransformer",
     "HookedTransformerConfig",
     "LayerNorm",
+    "PosEmbed",
     "TransformerBlock",
-    "init_kv_cache",
+    "bridge",
     "get_offset_position_ids",
+    "init_kv_cache",
     "tl_deprecation_silenced",
 ]

@@ -17,7 +17,6 @@ from nopeinterp import _args
 from nopeinterp.errors import NopeinterpError
 
 parse_lengths = _args.lengths  # argument checks live in nopeinterp._args
-parse_layers = _args.layers
 
 
 # --- subcommands ------------------------------------------------------------------------------
@@ -26,28 +25,11 @@ def cmd_info(args) -> int:
     return 0
 
 
-def _train_overrides(args) -> dict:
+def _train_overrides(args, *, grid: bool = False) -> dict:
     """The TrainConfig values given on the command line (absent flags stay absent)."""
-    given = dict(vars(args))
-    pe_options = {
-        key: given.pop(flag)
-        for flag, key in (("num_buckets", "num_buckets"), ("rotary_fraction", "fraction"))
-        if flag in given
-    }
-    task_options = {
-        key: [min(given[flag]), max(given.pop(flag))]
-        for flag, key in (("train_lengths", "id_lengths"), ("ood_lengths", "ood_lengths"))
-        if flag in given
-    }
-    from nopeinterp.training import TrainConfig
+    from nopeinterp.training.config import train_flags
 
-    fields = set(TrainConfig.__dataclass_fields__) - {"task", "pe", "out", "preset"}
-    values = {k: v for k, v in given.items() if k in fields}
-    return {
-        **values,
-        **({"pe_options": pe_options} if pe_options else {}),
-        **({"task_options": task_options} if task_options else {}),
-    }
+    return _args.config_values(args, train_flags(grid=grid))
 
 
 def cmd_train(args) -> int:
@@ -72,7 +54,7 @@ def cmd_sweep(args) -> int:
         args.seeds,
         args.out,
         preset=args.preset,
-        overrides=_train_overrides(args),
+        overrides=_train_overrides(args, grid=True),
         workers=args.workers,
         shard=parse_shard(args.shard),
         eval_n=args.eval_n_record,
@@ -96,59 +78,22 @@ def cmd_collect(args) -> int:
     return 0
 
 
-def _add_train_flags(p) -> None:
-    """TrainConfig flags of train and sweep; a flag not given leaves the preset's value."""
-    # No import here (--help must answer at once): TrainConfig validates every value.
-    S = argparse.SUPPRESS
+def _add_train_flags(p, *, grid: bool = False) -> None:
+    """TrainConfig's flags (`nopeinterp.training.config`): a flag not given leaves the
+    preset's value. `grid`: a sweep's (no single-run flags such as --seed)."""
+    from nopeinterp.training.config import train_flags
+
     p.add_argument("--preset", default=None, help="paper, reference, repro, repro-t5, lm or tiny")
-    for flag, kind in (
-        ("--steps", int),
-        ("--batch-size", int),
-        ("--lr", float),
-        ("--weight-decay", float),
-        ("--warmup", float),
-        ("--n-layers", int),
-        ("--n-heads", int),
-        ("--d-model", int),
-        ("--d-mlp", int),
-        ("--d-head", int),
-        ("--dropout", float),
-        ("--eval-every", int),
-        ("--eval-n", int),
-        ("--checkpoint-every", int),
-        ("--grad-accum", int),
-    ):
-        p.add_argument(flag, type=kind, default=S)
-    p.add_argument(
-        "--arch",
-        default=S,
-        help="default (pre-LayerNorm blocks with biases) or t5 (the paper's T5 decoder)",
-    )
-    p.add_argument("--attn-scale", action=argparse.BooleanOptionalAction, default=S)
-    p.add_argument("--num-buckets", type=int, default=S, help="t5 only")
-    p.add_argument("--rotary-fraction", type=float, default=S, help="rotary only")
-    p.add_argument("--train-lengths", type=parse_lengths, default=S, help="e.g. 2-20")
-    p.add_argument("--ood-lengths", type=parse_lengths, default=S, help="e.g. 21-40")
-    p.add_argument("--dtype", choices=("float32", "float16"), default=S, help="of the checkpoint")
-    p.add_argument("--val-set", default=S, help="sampled (default) or eval_set (issue 16)")
-    p.add_argument(
-        "--stop-at-val", type=float, default=S, help="finish once validation reaches this"
-    )
-    p.add_argument("--device", default=S, help="auto, cpu, cuda or mps")
-    p.add_argument("--precision", default=S, help="fp32, bf16 or fp16 (autocast)")
+    _args.add_config_flags(p, train_flags(grid=grid))
 
 
 def cmd_eval(args) -> int:
     from nopeinterp.evaluation import evaluate
+    from nopeinterp.options import EvalOptions
 
-    model = _load(args.checkpoint, rope_scaling=args.rope_scaling)
-    result = evaluate(
-        model,
-        lengths=args.lengths,
-        n=args.n,
-        batch_size=args.batch_size,
-        error_kinds=args.error_kinds,
-    )
+    options = EvalOptions(**_args.option_values(args, EvalOptions))
+    model = _load(args.checkpoint, device=options.device, rope_scaling=args.rope_scaling)
+    result = evaluate(model, options=options)
     print(_fmt(result.table, index=False))
     print()
     print(_fmt(result.summary, index=False))
@@ -166,21 +111,9 @@ def _save(result, out) -> None:
         print(f"wrote {len(paths)} files to {out}")
 
 
-def _length_range(lengths):
-    return (min(lengths), max(lengths)) if lengths else None
-
-
-def _analysis_kwargs(args) -> dict:
-    """What the `_analysis_flags` flags mean to an analysis function (and --n-train/--n-eval)."""
-    kw = dict(
-        layers=args.layers,
-        id_lengths=_length_range(args.id_lengths),
-        ood_lengths=_length_range(args.ood_lengths),
-        n_eval=args.n_eval,
-    )
-    if hasattr(args, "n_train"):
-        kw["n_train"] = args.n_train
-    return kw
+def _options(args):
+    """The analysis options of this subcommand (`args.options`), from its flags."""
+    return args.options(**_args.option_values(args, args.options))
 
 
 def _load(path, hf: bool = False, device=None, rope_scaling=None):
@@ -206,7 +139,7 @@ def _text_data(args):
 
 
 def _each_checkpoint(args, analyse, what) -> int:
-    """`analyse(model, data)` on the checkpoint, on every checkpoint of a directory, or on the
+    """`analyse(model, data, options)` on the checkpoint, on every checkpoint of a directory, or on the
     --hf model (data: the --text documents, else None): print each result's pivot table and
     save each under --out (a subfolder per checkpoint for a directory). `analyse` may return a
     tuple of results (then `what` is a tuple of headings), saved side by side."""
@@ -219,11 +152,12 @@ def _each_checkpoint(args, analyse, what) -> int:
     paths = [Path(args.hf)] if args.hf else checkpoint_files(args.checkpoint)
     many = not args.hf and (len(paths) > 1 or Path(args.checkpoint).is_dir())
     data = _text_data(args)
+    options = _options(args)
     whats = what if isinstance(what, tuple) else (what,)
     pivots = [[] for _ in whats]
     for path in paths:
-        model = _load(path, bool(args.hf), args.device, args.rope_scaling)
-        results = analyse(model, data)
+        model = _load(path, bool(args.hf), options.device, args.rope_scaling)
+        results = analyse(model, data, options)
         results = results if isinstance(results, tuple) else (results,)
         for found, result in zip(pivots, results, strict=True):
             found.append(pd.concat({path.stem: result.pivot()}, names=["checkpoint"]))
@@ -287,7 +221,7 @@ def cmd_probe_position(args) -> int:
 
     return _each_checkpoint(
         args,
-        lambda model, data: probe_position(model, data, **_analysis_kwargs(args)),
+        lambda model, data, options: probe_position(model, data, options=options),
         "position probes per layer ([random_init] = same config, untrained):",
     )
 
@@ -297,7 +231,7 @@ def cmd_probe_distance(args) -> int:
 
     return _each_checkpoint(
         args,
-        lambda model, data: distance_dependence(model, data, **_analysis_kwargs(args)),
+        lambda model, data, options: distance_dependence(model, data, options=options),
         "distance dependence (R2 of the logits on n - m) per layer and head:",
     )
 
@@ -307,20 +241,18 @@ def cmd_erase_position(args) -> int:
 
     return _each_checkpoint(
         args,
-        lambda model, data: erase_position(model, data, **_analysis_kwargs(args)),
+        lambda model, data, options: erase_position(model, data, options=options),
         "position erasure per layer (LEACE vs a random subspace of the same rank):",
     )
 
 
 def cmd_heads(args) -> int:
-    from nopeinterp.probing import attention_sinks, classify_heads
+    def analyse(model, data, options):
+        from nopeinterp.inputs import resolve
+        from nopeinterp.probing.heads import run_attention_sinks, run_classify_heads
 
-    def analyse(model, data):
-        from nopeinterp.data import as_model
-
-        mi = as_model(model)  # loaded once for both analyses
-        kw = _analysis_kwargs(args)
-        return attention_sinks(mi, data, **kw), classify_heads(mi, data, **kw)
+        mi, sets = resolve(model, data, options)  # loaded and sampled once for both
+        return run_attention_sinks(mi, sets, options), run_classify_heads(mi, sets, options)
 
     return _each_checkpoint(
         args,
@@ -364,6 +296,8 @@ def cmd_compare_attention(args) -> int:
     from nopeinterp import zoo
     from nopeinterp.similarity import compare_attention
 
+    options = _options(args)
+
     if args.task is not None:
         from nopeinterp.tasks import TASKS
 
@@ -374,7 +308,7 @@ def cmd_compare_attention(args) -> int:
     if args.nope_hf:
         if args.nope:
             raise NopeinterpError("give --nope or --nope-hf, not both")
-        nope, task, prime = _load(args.nope_hf, True, args.device), args.task, args.nope_prime
+        nope, task, prime = _load(args.nope_hf, True, options.device), args.task, args.nope_prime
     elif args.nope:
         nope = Path(args.nope)
         task = args.task or nopeinterp.load_checkpoint(nope).task
@@ -387,21 +321,16 @@ def cmd_compare_attention(args) -> int:
         nope = nope_entry.path
         prime = args.nope_prime or (prime_entry.path if prime_entry else None)
     refs = zoo.references(entries, task, args.ref) if args.ref else {}
-    refs = {k: _load(v, False, args.device) for k, v in refs.items()}
-    refs.update({Path(d).name: _load(d, True, args.device) for d in args.ref_hf or []})
+    refs = {k: _load(v, False, options.device) for k, v in refs.items()}
+    refs.update({Path(d).name: _load(d, True, options.device) for d in args.ref_hf or []})
     if not refs:
         raise NopeinterpError("give at least one --ref or --ref-hf")
     result = compare_attention(
-        nope if args.nope_hf else _load(nope, False, args.device),
+        nope if args.nope_hf else _load(nope, False, options.device),
         refs,
         _text_data(args),
-        nope_prime=None if prime is None else _load(prime, False, args.device),
-        heads=args.heads,
-        paper_compat=args.paper_compat,
-        n_per_length=args.n,
-        id_lengths=_length_range(args.id_lengths),
-        ood_lengths=_length_range(args.ood_lengths),
-        seed=args.seed,
+        nope_prime=None if prime is None else _load(prime, False, options.device),
+        options=options,
     )
     print(f"attention divergence from NoPE ({result.metric}, heads={result.reducer}), "
           f"{task or ('texts' if args.text else 'random tokens')}:")  # fmt: skip
@@ -413,29 +342,22 @@ def cmd_compare_attention(args) -> int:
 def cmd_report(args) -> int:
     from nopeinterp.main_job import run_main_job
 
-    run_main_job(
-        args.checkpoints,
-        args.out,
-        n_eval=args.n,
-        n_per_length=args.n_attention,
-        n_distance=args.n_distance,
-        distance_pes=args.distance_pes.split(","),
-    )
+    run_main_job(args.checkpoints, args.out, options=_options(args))
     return 0
 
 
-# Flags mean one thing everywhere: --n is examples per length, --n-train / --n-eval are
-# sequences per probe split, --id-lengths / --ood-lengths override the task's ranges.
+# Flags mean one thing everywhere (nopeinterp.options): --n / --n-per-length are examples per
+# length, --n-train / --n-eval are sequences per probe split, --id-lengths / --ood-lengths
+# override the task's ranges. Every analysis flag is a field of that analysis's options.
 def _out(p, what="CSV + HTML") -> None:
     p.add_argument("--out", default=None, type=_args.out_dir, help=f"directory for {what}")
 
 
-def _outside_flags(p) -> None:
+def _text_flag(p) -> None:
     p.add_argument(
         "--text", default=None, help="analyse these texts: one document per line (default: "
         "the checkpoint's task; random tokens for a model without one)"
     )  # fmt: skip
-    p.add_argument("--device", default=None, help="e.g. cuda (default: where the model is)")
 
 
 def _rope_flag(p) -> None:
@@ -446,26 +368,27 @@ def _rope_flag(p) -> None:
     )  # fmt: skip
 
 
-def _analysis_flags(p) -> None:
+def _options_flags(p, options_cls, **kw) -> None:
+    """The flags of an analysis: one per field of its options dataclass."""
+    _args.add_option_flags(p, options_cls, **kw)
+    p.set_defaults(options=options_cls)
+
+
+def _analysis_flags(p, options_cls) -> None:
+    """What the model analyses take: a checkpoint, a directory or --hf, then the options."""
     p.add_argument(
         "checkpoint", nargs="?", help="a checkpoint, or a directory: every checkpoint in it"
     )
     p.add_argument("--hf", default=None, help="a Hugging Face save_pretrained directory instead")
-    _outside_flags(p)
+    _text_flag(p)
     _rope_flag(p)
-    p.add_argument(
-        "--layers", type=parse_layers, default=None, help="comma-separated, e.g. 0,1 (default all)"
-    )
-    p.add_argument(
-        "--id-lengths", type=parse_lengths, default=None, help="default: the task's ID range"
-    )
-    p.add_argument(
-        "--ood-lengths", type=parse_lengths, default=None, help="default: the task's OOD range"
-    )
+    _options_flags(p, options_cls)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # No heavy import here: --help and --version answer at once.
+    # No heavy import here: --help and --version answer at once (options imports nothing).
+    from nopeinterp import options as O
+
     parser = _args.OneLineParser(
         prog="nopeinterp",
         description="Train, probe and compare Transformers that differ only in positional encoding.",
@@ -492,9 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", required=True, type=_args.out_file, help="path of the best checkpoint (.pt)"
     )
-    p.add_argument("--seed", type=int, default=argparse.SUPPRESS)
     _add_train_flags(p)
-    p.add_argument("--resume", action="store_true", help="continue from <out>.state.pt")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sweep", help="train a grid of tasks x PEs x seeds, resumably")
@@ -514,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="record's exact match: sampled (--eval-n-record per length), eval_set (the task's "
         "test set, each item once) or none (no test decoded: a learning-rate search)",
     )
-    _add_train_flags(p)
+    _add_train_flags(p, grid=True)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("collect", help="gather a sweep's records into one table (CSV)")
@@ -524,14 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="exact-match accuracy per length (greedy decoding)")
     p.add_argument("checkpoint")
-    p.add_argument("--lengths", type=parse_lengths, default=None, help="default: ID and OOD ranges")
-    p.add_argument("--n", type=_args.positive_int, default=200, help="examples per length")
-    p.add_argument("--batch-size", type=_args.positive_int, default=64)
-    p.add_argument(
-        "--error-kinds",
-        action="store_true",
-        help="count the wrong answers by kind: too short, too long, wrong words",
-    )
+    _options_flags(p, O.EvalOptions)
     _rope_flag(p)
     _out(p)
     p.set_defaults(func=cmd_eval)
@@ -574,23 +488,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "probe-position", help="linear probes for absolute position, per layer (Theorem 1)"
     )
-    _analysis_flags(p)
-    p.add_argument(
-        "--n-train", type=_args.positive_int, default=512, help="sequences to fit the probes on"
-    )
-    p.add_argument(
-        "--n-eval", type=_args.positive_int, default=256, help="sequences per evaluated split"
-    )
+    _analysis_flags(p, O.ProbeOptions)
     _out(p)
     p.set_defaults(func=cmd_probe_position)
 
     p = sub.add_parser(
         "probe-distance", help="how much attention logits depend on n-m only (Theorem 2)"
     )
-    _analysis_flags(p)
-    p.add_argument(
-        "--n-eval", type=_args.positive_int, default=128, help="sequences per evaluated split"
-    )
+    _analysis_flags(p, O.DistanceOptions)
     _out(p)
     p.set_defaults(func=cmd_probe_distance)
 
@@ -598,17 +503,14 @@ def build_parser() -> argparse.ArgumentParser:
         "erase-position",
         help="erase position per layer (LEACE) vs a random control: probe R2, exact match, loss",
     )
-    _analysis_flags(p)
-    p.add_argument("--n-train", type=int, default=512, help="sequences to fit eraser and probe")
-    p.add_argument("--n-eval", type=int, default=256, help="sequences per evaluated split")
+    _analysis_flags(p, O.ErasureOptions)
     _out(p)
     p.set_defaults(func=cmd_erase_position)
 
     p = sub.add_parser(
         "heads", help="attention sinks, entropy vs log(n) and a positional head taxonomy"
     )
-    _analysis_flags(p)
-    p.add_argument("--n-eval", type=int, default=128, help="sequences per evaluated split")
+    _analysis_flags(p, O.HeadOptions)
     _out(p)
     p.set_defaults(func=cmd_heads)
 
@@ -627,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model's greedy output (default) or the gold targets, teacher-forced",
     )
     p.add_argument(
-        "--layers", type=parse_layers, default=None, help="comma-separated, e.g. 0,1 (default all)"
+        "--layers", type=_args.layers, default=None, help="comma-separated, e.g. 0,1 (default all)"
     )
     p.add_argument("--batch-size", type=_args.positive_int, default=8)
     _out(p)
@@ -645,9 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ref-hf", action="append", help="a Hugging Face save_pretrained directory (repeatable)"
     )
     p.add_argument("--nope-hf", default=None, help="a Hugging Face directory in NoPE's place")
-    _outside_flags(p)
-    p.add_argument("--id-lengths", type=parse_lengths, default=None, help="default: the task's")
-    p.add_argument("--ood-lengths", type=parse_lengths, default=None, help="default: the task's")
+    _text_flag(p)
     p.add_argument("--checkpoints", default="checkpoints", help="where PE names are looked up")
     p.add_argument("--nope", default=None, help="NoPE checkpoint (default: <dir>/<task>-nope.pt)")
     p.add_argument(
@@ -656,37 +556,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="second NoPE seed (default: <dir>/<task>-nope-seed1.pt if present)",
     )
     p.add_argument("--task", default=None, help="default: the NoPE checkpoint's task, else scan")
-    p.add_argument(
-        "--n", "--n-per-length", type=_args.positive_int, default=10, help="examples per length"
-    )
-    p.add_argument("--heads", choices=("min", "hungarian", "same"), default="min")
-    p.add_argument(
-        "--paper-compat", action="store_true", help="the official code's formula and head pairing"
-    )
-    p.add_argument("--seed", type=int, default=0)
+    _options_flags(p, O.CompareOptions)
     _out(p, "CSV + HTML report")
     p.set_defaults(func=cmd_compare_attention)
 
     p = sub.add_parser("report", help="the main job: every analysis on a checkpoint directory")
     p.add_argument("--checkpoints", default="checkpoints")
     p.add_argument("--out", default="reports/main", type=_args.out_dir)
-    p.add_argument(
-        "--n", type=_args.positive_int, default=20, help="examples per length for exact match"
-    )
-    p.add_argument(
-        "--n-attention", type=_args.positive_int, default=10, help="examples per length for JSD"
-    )
-    p.add_argument(
-        "--n-distance",
-        type=_args.positive_int,
-        default=64,
-        help="ID and OOD sequences per distance analysis",
-    )
-    p.add_argument(
-        "--distance-pes",
-        default="all",
-        help="PEs given the distance analysis, comma-separated (NoPE always; default all)",
-    )
+    _options_flags(p, O.ReportOptions)
     p.set_defaults(func=cmd_report)
     return parser
 

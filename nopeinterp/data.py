@@ -64,10 +64,6 @@ class Sequences:
     def n_tokens(self) -> int:
         return int(self.attention_mask.sum())
 
-    @property
-    def n_dropped(self) -> int:
-        return sum(self.dropped.values())
-
     def subset(self, idx, split: str | None = None) -> Sequences:
         """Sequences `idx` (a tensor of indices or a bool mask); padding trimmed; `dropped` kept."""
         idx = torch.as_tensor(idx)
@@ -116,55 +112,28 @@ class Sequences:
         )
 
 
-# --- what is analysed --------------------------------------------------------------------------
+# --- the model the sequences are for -----------------------------------------------------------
 
 
-@dataclass
-class ModelInput:
-    """A model to analyse, with what its checkpoint says about it (empty for a bare model)."""
-
-    model: object  # a HookedTransformer (or anything with cfg and run_with_cache)
-    tokenizer: object | None
-    meta: dict
-    name: str
-    checkpoint: object | None = None  # the loaded Checkpoint, if it came from one
-
-    @property
-    def layer_pe(self) -> list[str]:
-        """Each block's positional encoding (per-layer mixes, e.g. SmolLM3's NoPE layers, and
-        stock TransformerLens models alike), for labelling per-layer results."""
-        from nopeinterp.models import layer_pes
-
-        return layer_pes(self.model)
-
-    @property
-    def task_spec(self):
-        """The checkpoint's task: a name, or {"name": ..., **task_options}; None if unknown."""
-        task = self.meta.get("task")
-        if isinstance(task, str) and self.meta.get("task_options"):
-            return {"name": task, **self.meta["task_options"]}
-        return task
+def task_spec(meta: dict):
+    """A checkpoint meta's task: a name, or {"name": ..., **task_options}; None if unknown."""
+    task = meta.get("task")
+    if isinstance(task, str) and meta.get("task_options"):
+        return {"name": task, **meta["task_options"]}
+    return task
 
 
-def as_model(obj, name: str | None = None) -> ModelInput:
-    """A model, a `Checkpoint` or a checkpoint path -> ModelInput (loading a path safely)."""
-    if isinstance(obj, ModelInput):
-        return obj
-    if isinstance(obj, str | os.PathLike):
-        from nopeinterp.checkpoint import load_checkpoint
-
-        obj = load_checkpoint(obj)
-    if hasattr(obj, "model") and hasattr(obj, "meta"):
-        path = getattr(obj, "path", None)
-        label = name or (Path(path).stem if path else str(obj.meta.get("pe", "model")))
-        return ModelInput(obj.model, obj.tokenizer, dict(obj.meta or {}), label, obj)
-    if not hasattr(obj, "cfg") or not hasattr(obj, "run_with_cache"):
+def _unwrap(model):
+    """(model, tokenizer, meta) of a resolved model (`nopeinterp.inputs.ModelInput`, or a loaded
+    `Checkpoint`) or of a bare HookedTransformer (no meta). Nothing is loaded here: the entry
+    point resolved paths already (`nopeinterp.inputs.as_model`)."""
+    if isinstance(model, str | os.PathLike):
         raise TypeError(
-            f"{name or 'model'}: expected a HookedTransformer, a Checkpoint or a checkpoint path, "
-            f"got {type(obj).__name__}"
+            f"{model}: a path; load it first (nopeinterp.inputs.as_model or load_checkpoint)"
         )
-    label = name or getattr(obj, "pe", None) or type(obj).__name__
-    return ModelInput(obj, getattr(obj, "tokenizer", None), {}, label, None)
+    if hasattr(model, "model") and hasattr(model, "meta"):
+        return model.model, model.tokenizer, dict(model.meta or {})
+    return model, getattr(model, "tokenizer", None), {}
 
 
 def max_positions(model) -> int | None:
@@ -182,17 +151,6 @@ def max_positions(model) -> int | None:
     return None
 
 
-def describe(model_input: ModelInput, what: str) -> str:
-    """A title like 'Position probe | nope | copy | copy-nope'."""
-    parts = [what, str(model_input.meta.get("pe", getattr(model_input.model, "pe", "")))]
-    task = model_input.meta.get("task")
-    if task:
-        parts.append(str(task))
-    if model_input.checkpoint is not None and getattr(model_input.checkpoint, "path", None):
-        parts.append(Path(model_input.checkpoint.path).name)
-    return " | ".join(p for p in parts if p)
-
-
 # --- tasks -------------------------------------------------------------------------------------
 
 
@@ -200,12 +158,12 @@ def resolve_task(task, tokenizer=None, model=None):
     """(Task, tokenizer) from a Task, a name, a dict, a (task, tokenizer) pair or a Checkpoint."""
     from nopeinterp.tasks import get_task, task_tokenizer
 
-    if hasattr(task, "meta") and hasattr(task, "model"):  # a Checkpoint
-        mi = as_model(task)
-        if mi.task_spec is None:
-            raise ValueError(f"checkpoint {mi.name} records no task; pass data explicitly")
-        tokenizer = tokenizer or mi.tokenizer
-        task = mi.task_spec
+    if hasattr(task, "meta") and hasattr(task, "model"):  # a Checkpoint (or a resolved model)
+        _, tok, meta = _unwrap(task)
+        if task_spec(meta) is None:
+            raise ValueError("the model records no task; pass data explicitly")
+        tokenizer = tokenizer or tok
+        task = task_spec(meta)
     if isinstance(task, tuple):
         task, tokenizer = task
     if isinstance(task, str):
@@ -492,12 +450,12 @@ def make_sequences(
     for name, n in (("n_train", n_train), ("n_eval", n_eval)):
         if n < 1:
             raise ValueError(f"{name} must be >= 1, got {n}")
-    mi = None
+    spec = None
     if model is not None:
-        mi = as_model(model)
-        model = mi.model
-        tokenizer = tokenizer or mi.tokenizer
-    no_task = mi is not None and mi.task_spec is None
+        model, tok, meta = _unwrap(model)
+        tokenizer = tokenizer or tok
+        spec = task_spec(meta)
+    no_task = model is not None and spec is None
     if data is None and no_task:
         id_lengths = tuple(id_lengths or DEFAULT_ID_LENGTHS)
         ood_lengths = tuple(ood_lengths or DEFAULT_OOD_LENGTHS)
@@ -509,12 +467,12 @@ def make_sequences(
             ranges = [(id_lengths, n_id), (ood_lengths, n_eval)]
         data = random_sequences(model, ranges, seed=seed, tokenizer=tokenizer)
     if data is None:
-        if mi is None or mi.task_spec is None:
+        if spec is None:
             raise ValueError(
                 "no data given and the model records no task: pass data (a task name, "
                 "token ids or texts with a tokenizer)"
             )
-        data = mi.task_spec
+        data = spec
     fractions = {"val": val_fraction, "fit": 1 - val_fraction}
 
     if _is_task_like(data):
@@ -626,6 +584,12 @@ class Splits(dict):
         return out
 
 
+def as_splits(sets: Mapping[str, Sequences], model=None) -> Splits:
+    """Named `Sequences` already made (e.g. a subset of other `Splits`) as `Splits`, in the
+    fixed order and cut to what `model` can read; nothing else is converted."""
+    return _ordered({k: replace(v, split=k) for k, v in sets.items()}, _unwrap(model)[0])
+
+
 def _ordered(sets: dict[str, Sequences], model=None) -> Splits:
     """Sets in a fixed order, each cut to what `model` can read. A split left empty (usually
     OOD for a learned-APE model) is absent, its count kept in `Splits.dropped`."""
@@ -646,10 +610,9 @@ __all__ = [
     "NOT_READABLE",
     "TOO_SHORT",
     "SOURCE_SPLIT",
-    "ModelInput",
     "Sequences",
     "Splits",
-    "as_model",
+    "as_splits",
     "bos_token_id",
     "cut_texts",
     "make_sequences",
@@ -658,6 +621,7 @@ __all__ = [
     "read_texts",
     "resolve_task",
     "split_of_length",
+    "task_spec",
     "task_examples",
     "task_lengths",
 ]

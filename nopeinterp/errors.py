@@ -7,3 +7,7 @@ class NopeinterpError(Exception):
 
 class CheckpointError(NopeinterpError, ValueError):
     """A file that is missing, not a nopeinterp checkpoint, damaged or unsafe."""
+
+
+class TaskError(NopeinterpError, ValueError):
+    """A bad task name, option or request (the CLI prints it as one line, exit status 2)."""

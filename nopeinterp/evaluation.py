@@ -16,7 +16,9 @@ from typing import ClassVar
 import pandas as pd
 import torch
 
-from nopeinterp.data import as_model, max_positions, resolve_task, task_examples, task_lengths
+from nopeinterp.data import max_positions, resolve_task, task_examples, task_lengths
+from nopeinterp.inputs import ModelInput, as_model
+from nopeinterp.options import EvalOptions
 from nopeinterp.progress import progress as progress_bar
 from nopeinterp.results import Result
 from nopeinterp.tasks import Example, decode_answer, encode_examples
@@ -192,18 +194,6 @@ class EvalResult(Result):
     def tables(self) -> dict[str, pd.DataFrame]:
         return {"accuracy_by_length": self.table, "accuracy_summary": self.summary}
 
-    def figure(self):
-        from nopeinterp.viz.evaluation import accuracy_figure
-
-        return accuracy_figure(self.table)
-
-    def html_sections(self) -> list:
-        return [
-            ("Accuracy vs length", self.figure()),
-            ("Summary", self.summary),
-            ("Per length", self.table),
-        ]
-
     @classmethod
     def concat(cls, results) -> EvalResult:
         """Several models' results as one (their tables stacked)."""
@@ -212,10 +202,10 @@ class EvalResult(Result):
         return cls(pd.concat([r.table for r in results], ignore_index=True), meta)
 
 
-def model_and_task(model, data=None, name: str | None = None):
+def model_and_task(model, data=None, name: str | None = None, *, device=None):
     """(ModelInput, Task, tokenizer) of a model and its task: `data` (a task name, Task, dict
     or (task, tokenizer) pair) or, when None, the checkpoint's own task with its options."""
-    mi = as_model(model, name)
+    mi = as_model(model, name, device=device)
     if data is None:
         data = mi.task_spec
         if data is None:
@@ -224,19 +214,7 @@ def model_and_task(model, data=None, name: str | None = None):
     return mi, task, tokenizer
 
 
-def evaluate(
-    model,
-    data=None,
-    *,
-    lengths=None,
-    n: int | None = 200,
-    batch_size: int = 64,
-    seed: int = 0,
-    use_cache: bool = True,
-    progress: bool = True,
-    name: str | None = None,
-    error_kinds: bool = False,
-) -> EvalResult:
+def evaluate(model, data=None, *, options: EvalOptions | None = None, **changes) -> EvalResult:
     """Exact-match accuracy per length (greedy decoding): one row per length.
 
     `model`: a HookedTransformer, a Checkpoint or a checkpoint path. `data`: the task (a
@@ -251,17 +229,21 @@ def evaluate(
     item once, the task's default size; SCAN's OOD lengths: the whole pool).
     `error_kinds=True` adds one count column per kind of wrong answer (`ERROR_KINDS`: too
     short, too long, wrong words; see `error_kind`). A task with a scratchpad is scored on the
-    answer after its closing marker, and gets the step columns of `scratchpad_columns`.
+    answer after its closing marker, and gets the step columns of `scratchpad_columns`. Options
+    (`nopeinterp.options.EvalOptions`): `options=` or any of its fields.
     """
-    if n is not None and n < 1:
-        raise ValueError(f"n (examples per length) must be >= 1, got {n}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    mi, task, tokenizer = model_and_task(model, data, name)
-    if lengths is None:
+    opts = EvalOptions.make(options, **changes)
+    mi, task, tokenizer = model_and_task(model, data, opts.name, device=opts.device)
+    return run_evaluate(mi, task, tokenizer, opts)
+
+
+def run_evaluate(mi: ModelInput, task, tokenizer, opts: EvalOptions) -> EvalResult:
+    """Exact match of `mi` on `task` (resolved), at `opts.lengths` (default the task's)."""
+    n, seed = opts.n, opts.seed
+    if opts.lengths is None:
         lengths = task_lengths(task)
     else:
-        lengths = list(lengths)
+        lengths = list(opts.lengths)
         bad = [x for x in lengths if not task.min_length <= x <= task.max_length]
         if bad:
             raise ValueError(
@@ -273,7 +255,7 @@ def evaluate(
     pe = mi.meta.get("pe", getattr(mi.model, "pe", None))
     rows, skipped = [], []
     for length in progress_bar(
-        list(lengths), desc=f"eval {mi.name}", disable=not progress, leave=False
+        list(lengths), desc=f"eval {mi.name}", disable=not opts.progress, leave=False
     ):
         if not task.has_length(length):
             continue
@@ -293,12 +275,12 @@ def evaluate(
             rows.append({**row, "correct": 0, "accuracy": math.nan, "evaluable": False})
             continue
         answers = greedy_answers(
-            mi.model, tokenizer, examples, batch_size=batch_size, use_cache=use_cache
+            mi.model, tokenizer, examples, batch_size=opts.batch_size, use_cache=opts.use_cache
         )
         kinds = [error_kind(task, ex, a) for ex, a in zip(examples, answers, strict=True)]
         correct = kinds.count("correct")
         row = {**row, "correct": correct, "accuracy": correct / len(kinds), "evaluable": True}
-        if error_kinds:
+        if opts.error_kinds:
             row.update({k: kinds.count(k) for k in ERROR_KINDS[1:]})
         if task.scratchpad:
             row.update(scratchpad_columns(examples, answers))

@@ -202,21 +202,9 @@ class LMEvalResult(Result):
     title: ClassVar[str] = "Language-model loss by position and passkey retrieval"
     extra_tables: ClassVar[tuple[str, ...]] = ("perplexity", "passkey")
 
-    def figure(self):
-        from nopeinterp.viz.lm import loss_by_position_figure
-
-        return loss_by_position_figure(self.table, self.meta.get("contexts", {}))
-
     def passkey_figure(self):
-        from nopeinterp.viz.lm import passkey_figure
-
-        return passkey_figure(self.passkey)
-
-    def html_sections(self) -> list:
-        out = [("Loss by position", self.figure()), ("Perplexity by length", self.perplexity)]
-        if self.passkey is not None and len(self.passkey):
-            out += [("Passkey retrieval", self.passkey_figure()), ("Passkey", self.passkey)]
-        return out
+        """Passkey accuracy by length and depth (drawn by nopeinterp.viz.results)."""
+        return self.draw("passkey")
 
     @classmethod
     def concat(cls, results) -> LMEvalResult:
@@ -276,7 +264,7 @@ def lm_eval(
     tokenizer. `stride`: sliding mode's (default length // 4). `max_windows`: per length
     (None: all). `trials`: passkey prompts per (length, depth); `depths=()` skips passkey.
     """
-    from nopeinterp.data import as_model
+    from nopeinterp.inputs import as_model
     from nopeinterp.tasks.lm import STDLIB, read_corpus, token_stream
 
     lengths = sorted(set(int(n) for n in lengths))

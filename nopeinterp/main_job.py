@@ -10,18 +10,25 @@ opening with a verdict line computed from the numbers below it:
 3. Theorem 2: distance dependence of the attention logits, and attention mass by relative
    distance, on each task's checkpoints (`distance_pes`: NoPE only, or every PE);
 4. attention similarity: NoPE vs every other PE and NoPE-prime (the paper's analysis);
-5. an attention explorer: NoPE beside a chosen reference on examples every model can read.
-The tables behind each section are saved as CSV (+ meta JSON) in `<out>/<analysis>/`; the
-page is the report. Everything is computed here from the checkpoints; nothing is trained or
-downloaded.
+5. an attention explorer: NoPE beside a chosen reference on examples every model can read;
+6. a head taxonomy: what dominates each head of every seed-0 checkpoint.
+The page is declared by `SECTIONS`: each `Section` names its heading and the function that
+computes it from the loaded checkpoints (`Zoo`), returning what it `Found` (a verdict, tables
+to print, the page's items); `run_main_job(..., sections=...)` runs any of them. The tables
+behind each section are saved as CSV (+ meta JSON) in `<out>/<analysis>/`; the page is the
+report. Everything is computed here from the checkpoints; nothing is trained or downloaded.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
+from nopeinterp.options import ReportOptions
 
 PAGE_MAX_BYTES = 8 * 2**20  # the page must stay light enough to open and mail around
 PAPER_SIMILARITY_ORDER = "T5 ~ NoPE' < ALiBi < APE < Rotary"  # paper-notes.md, SCAN
@@ -117,86 +124,6 @@ def similarity_verdict(task: str, ranking: pd.DataFrame) -> str:
     return f"{task}, {split}, divergence from NoPE: {order} (paper: {PAPER_SIMILARITY_ORDER})"
 
 
-# -- figures specific to the page --------------------------------------------------------------
-def distance_figure(summary: pd.DataFrame, split: str = "OOD"):
-    """Best head's distance R2 per layer, one panel per task, a line per PE."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    from nopeinterp.viz.legend import Legend
-
-    tasks = list(dict.fromkeys(summary["task"]))
-    fig = make_subplots(rows=1, cols=max(len(tasks), 1), subplot_titles=tasks, shared_yaxes=True)
-    legend = Legend()
-    for col, task in enumerate(tasks, start=1):
-        t = summary[summary["task"] == task]
-        s = split if (t["split"] == split).any() else t["split"].iloc[0]
-        for pe, rows in t[t["split"] == s].groupby("pe", sort=False):
-            fig.add_trace(
-                go.Scatter(
-                    x=rows["layer"],
-                    y=rows["max_score"],
-                    mode="lines+markers",
-                    line_color=legend.color(pe),
-                    **legend.entry(pe),
-                ),
-                row=1,
-                col=col,
-            )
-        fig.update_xaxes(title_text="layer", dtick=1, row=1, col=col)
-    fig.update_yaxes(title_text=f"max over heads of distance R2 ({split})", range=[0, 1.02])
-    fig.update_layout(title="Distance dependence of the attention logits", height=400)
-    return fig
-
-
-def rel_mass_figure(results: dict[tuple[str, str], object], pe: str = "nope", split="OOD"):
-    """Attention mass by relative distance d / n (mean over heads), a line per layer, one
-    panel per task; dashed: uniform attention over the same rows."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    items = [(task, r) for (task, p), r in results.items() if p == pe]
-    fig = make_subplots(
-        rows=1, cols=max(len(items), 1), subplot_titles=[t for t, _ in items], shared_yaxes=True
-    )
-    for col, (_, r) in enumerate(items, start=1):
-        m = r.rel_mass
-        s = split if (m["split"] == split).any() else m["split"].iloc[0]
-        m = m[m["split"] == s].assign(mid=lambda d: (d["rel_lo"] + d["rel_hi"]) / 2)
-        for layer, rows in m.groupby("layer", sort=True):
-            per_bin = rows.groupby("mid", sort=True)[["mass", "uniform"]].mean().reset_index()
-            fig.add_trace(
-                go.Scatter(
-                    x=per_bin["mid"],
-                    y=per_bin["mass"],
-                    mode="lines+markers",
-                    name=f"layer {layer}",
-                    legendgroup=f"layer {layer}",
-                    showlegend=col == 1,
-                ),
-                row=1,
-                col=col,
-            )
-        fig.add_trace(
-            go.Scatter(
-                x=per_bin["mid"],
-                y=per_bin["uniform"],
-                mode="lines",
-                line_dash="dash",
-                line_color="gray",
-                name="uniform attention",
-                legendgroup="uniform",
-                showlegend=col == 1,
-            ),
-            row=1,
-            col=col,
-        )
-        fig.update_xaxes(title_text="relative distance d / n (0 = the query, 1 = first token)")
-    fig.update_yaxes(title_text="attention mass (mean over heads)", row=1, col=1)
-    fig.update_layout(title=f"{pe}: attention mass by relative distance ({split})", height=400)
-    return fig
-
-
 # -- the explorer's examples -----------------------------------------------------------------
 def explorer_examples(checkpoint, limit: int | None, *, per_split: int = 3, seed: int = 0):
     """([1-D token tensors], [names]): up to `per_split` ID and OOD sequences of at most
@@ -221,217 +148,316 @@ def explorer_examples(checkpoint, limit: int | None, *, per_split: int = 3, seed
     return examples, names
 
 
-def run_main_job(*args, **kwargs) -> Path:
-    """Run every analysis and write `<out>/index.html` (returned); see `_run_main_job`.
+def run_main_job(
+    checkpoints="checkpoints",
+    out="reports/main",
+    *,
+    options: ReportOptions | None = None,
+    sections=None,
+    **changes,
+) -> Path:
+    """Run every analysis on the checkpoints in `checkpoints` and write `<out>/index.html`
+    (returned); see the module docstring. `options` (`nopeinterp.options.ReportOptions`), or
+    any of its fields, say how much of each analysis runs; `sections` (default `SECTIONS`)
+    which sections the page has.
 
     Runs with one torch thread: the shipped models are tiny, and on a 2-core machine a second
     thread only contends (the main job took 40 min at the default thread count beside other
     jobs, under 2 min with one thread beside the test suite)."""
     import torch
 
+    opts = ReportOptions.make(options, **changes)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run_main_job(*args, **kwargs)
+        return _run_main_job(checkpoints, out, opts, SECTIONS if sections is None else sections)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_main_job(
-    checkpoints="checkpoints",
-    out="reports/main",
-    *,
-    n_eval=20,
-    n_probe=256,
-    n_distance=64,
-    distance_pes=("all",),
-    n_per_length=10,
-    explorer_per_split=3,
-    n_heads=32,
-    progress=True,
-) -> Path:
-    """Run every analysis and write `<out>/index.html` (returned); see the module docstring.
+# -- the sections: each computes from the checkpoints and says what the page shows --------------
+@dataclass
+class Zoo:
+    """What every section reads: the checkpoints (loaded once), the options and the output."""
 
-    `distance_pes`: PEs whose checkpoints get the distance analysis ("all" = every seed-0
-    checkpoint; NoPE is always included)."""
-    from nopeinterp import zoo
-    from nopeinterp.data import max_positions
+    directory: str
+    entries: list
+    ckpts: dict
+    opts: ReportOptions
+    out: Path
+
+    @property
+    def tasks(self) -> list[str]:
+        from nopeinterp import zoo
+
+        return zoo.tasks_of(self.entries)
+
+
+@dataclass
+class Found:
+    """What one section found: a verdict, the tables printed on the terminal, and the page's
+    items ((Figure | DataFrame | ExplorerData | text, caption)); results are saved as found."""
+
+    verdict: str
+    printed: list = field(default_factory=list)  # (title, DataFrame)
+    items: list = field(default_factory=list)  # (item, caption or None)
+    note: str | None = None  # plain text after the items
+
+
+def length_generalization(z: Zoo) -> Found:
     from nopeinterp.evaluation import EvalResult, evaluate
-    from nopeinterp.probing import distance_dependence, probe_position
-    from nopeinterp.similarity import compare_attention
-    from nopeinterp.viz.explorer import explorer_data
-    from nopeinterp.viz.page import Page
 
-    out = Path(out)
-    entries = zoo.find_checkpoints(checkpoints)
-    ckpts = {e.name: e.load() for e in entries}
-    tasks = zoo.tasks_of(entries)
-    page = Page(
-        "nopeinterp: positional encodings and length generalization",
-        intro=(
-            f"{len(entries)} checkpoints from {checkpoints} (tasks: {', '.join(tasks)}). "
-            "Claims of Kazemnejad et al. 2023; each section opens with a verdict computed from "
-            "its numbers."
-        ),
+    n = z.opts.n
+    evaluation = EvalResult.concat(
+        evaluate(z.ckpts[e.name], n=n, progress=z.opts.progress) for e in z.entries
     )
-
-    # 1. length generalization
-    results = [evaluate(ckpts[e.name], n=n_eval, progress=progress) for e in entries]
-    evaluation = EvalResult.concat(results)
-    names = pd.DataFrame([{"model": e.name, "task": e.task, "seed": e.seed} for e in entries])
+    names = pd.DataFrame([{"model": e.name, "task": e.task, "seed": e.seed} for e in z.entries])
     summary = evaluation.summary.merge(names, on="model")
     wide = summary.pivot_table(
         index=["task", "model"], columns="split", values="accuracy", sort=False
     ).reset_index()
-    _print(f"Length generalization: exact match ({n_eval} examples per length)", wide)
-    evaluation.save(out / "length_generalization", html=False)
-    (
-        page.section("Length generalization (claim 1)", verdict=length_verdict(summary))
-        .add(evaluation.figure())
-        .add(wide, caption="Exact match, mean over ID / OOD lengths")
-        .add(evaluation.table, caption="Exact match per length")
-        .text(
-            f"{n_eval} examples per length, greedy decoding. A learned APE cannot read "
-            "sequences past its table: those lengths are marked and left out of its mean."
-        )
+    evaluation.save(z.out / "length_generalization", html=False)
+    return Found(
+        length_verdict(summary),
+        printed=[(f"Length generalization: exact match ({n} examples per length)", wide)],
+        items=[
+            (evaluation.figure(), None),
+            (wide, "Exact match, mean over ID / OOD lengths"),
+            (evaluation.table, "Exact match per length"),
+        ],
+        note=f"{n} examples per length, greedy decoding. A learned APE cannot read "
+        "sequences past its table: those lengths are marked and left out of its mean.",
     )
 
-    # 2. Theorem 1: position probes on NoPE
-    sec = None
-    verdicts, probe_results = [], []
-    for task in tasks:
-        nope = zoo.get(entries, task, "nope")
+
+def position_probes(z: Zoo) -> Found | None:
+    from nopeinterp import zoo
+    from nopeinterp.probing import probe_position
+
+    found = Found("")
+    verdicts = []
+    for task in z.tasks:
+        nope = zoo.get(z.entries, task, "nope")
         if nope is None:
             continue
+        n = z.opts.n_probe
         result = probe_position(
-            ckpts[nope.name], n_train=n_probe, n_eval=n_probe // 2, progress=progress
+            z.ckpts[nope.name], n_train=n, n_eval=n // 2, progress=z.opts.progress
         )
-        _print(
-            f"Position probes, {nope.name} (R2 / MAE per layer; [random_init] = same config, "
-            "untrained)",
-            result.pivot().reset_index(),
+        pivot = result.pivot().reset_index()
+        found.printed.append(
+            (
+                f"Position probes, {nope.name} (R2 / MAE per layer; [random_init] = same "
+                "config, untrained)",
+                pivot,
+            )
         )
-        result.save(out / f"probe_position_{task}", html=False)
+        result.save(z.out / f"probe_position_{task}", html=False)
         verdicts.append(probe_verdict(task, result.table))
-        probe_results.append((task, result))
-    if probe_results:
-        sec = page.section("Theorem 1: absolute position in NoPE", verdict="; ".join(verdicts))
-        for task, result in probe_results:
-            sec.add(result.figure(), caption=f"{task}: linear position probes per layer")
-            sec.add(result.pivot().reset_index(), caption=f"{task}: probe metrics per layer")
+        found.items += [
+            (result.figure(), f"{task}: linear position probes per layer"),
+            (pivot, f"{task}: probe metrics per layer"),
+        ]
+    if not verdicts:
+        return None
+    found.verdict = "; ".join(verdicts)
+    return found
 
-    # 3. Theorem 2: distance dependence and attention mass by relative distance
-    wanted = set(distance_pes)
+
+def relative_distance(z: Zoo) -> Found | None:
+    from nopeinterp.probing import distance_dependence
+    from nopeinterp.viz.report import distance_figure, rel_mass_figure
+
+    wanted = set(z.opts.distance_pes)
     distance = {}
-    for e in entries:
+    for e in z.entries:
         if e.seed != 0 or not (e.pe == "nope" or "all" in wanted or e.pe in wanted):
             continue
-        result = distance_dependence(ckpts[e.name], n_eval=n_distance, progress=progress)
-        result.save(out / "distance_dependence" / e.name, html=False)
+        result = distance_dependence(
+            z.ckpts[e.name], n_eval=z.opts.n_distance, progress=z.opts.progress
+        )
+        result.save(z.out / "distance_dependence" / e.name, html=False)
         distance[(e.task, e.pe)] = result
-    if distance:
-        dsum = distance_summary(distance)
-        _print("Distance dependence (max over heads of R2 of logits on n - m)", dsum)
-        (
-            page.section(
-                "Theorem 2: relative distance in later layers", verdict=distance_verdict(dsum)
-            )
-            .add(distance_figure(dsum))
-            .add(rel_mass_figure(distance))
-            .add(dsum, caption="Distance R2 per task, PE, split and layer (mean / max over heads)")
-            .text(
-                "Score: R2 of logit[n, m] ~ a_row + f(n - m) over the causal cells, relative to "
-                "the row-centred logits; 1 = the head's logits depend on relative distance only. "
-                f"{n_distance} ID and {n_distance} OOD sequences per checkpoint."
-            )
-        )
+    if not distance:
+        return None
+    dsum = distance_summary(distance)
+    n = z.opts.n_distance
+    return Found(
+        distance_verdict(dsum),
+        printed=[("Distance dependence (max over heads of R2 of logits on n - m)", dsum)],
+        items=[
+            (distance_figure(dsum), None),
+            (rel_mass_figure(distance), None),
+            (dsum, "Distance R2 per task, PE, split and layer (mean / max over heads)"),
+        ],
+        note="Score: R2 of logit[n, m] ~ a_row + f(n - m) over the causal cells, relative to "
+        "the row-centred logits; 1 = the head's logits depend on relative distance only. "
+        f"{n} ID and {n} OOD sequences per checkpoint.",
+    )
 
-    # 4. attention similarity (SCAN, or the only task there is)
-    task = zoo.analysis_task(entries)
-    if zoo.get(entries, task, "nope") is not None:
-        nope, prime = zoo.nope_pair(entries, task)
-        refs = zoo.references(entries, task)
-        result = compare_attention(
-            ckpts[nope.name],
-            {pe: ckpts[path.stem] for pe, path in refs.items()},
-            nope_prime=ckpts[prime.name] if prime else None,
-            n_per_length=n_per_length,
-            progress=progress,
-        )
-        _print(
-            f"Attention divergence from NoPE, {task} (true JSD, min over head pairs; closest first)",
-            result.ranking,
-        )
-        result.save(out / f"attention_similarity_{task}", html=False)
-        (
-            page.section(
-                "Attention similarity: what NoPE learns (claim 4)",
-                verdict=similarity_verdict(task, result.ranking),
-            )
-            .add(result.figure())
-            .add(result.ranking, caption="Ranking, closest to NoPE first (95% bootstrap CI)")
-            .add(result.table, caption="Divergence per reference, layer and split")
-            .text(
-                f"Jensen-Shannon divergence (nats) per query row, min over head pairs, mean over "
-                f"{n_per_length} examples per length; nope_prime (a second NoPE seed) is the "
-                "noise floor."
-            )
-        )
 
-        # 5. the attention explorer: NoPE beside each reference on examples all can read
-        models = {"nope": ckpts[nope.name].model}
-        if prime:
-            models[prime.pe + "-seed" + str(prime.seed)] = ckpts[prime.name].model
-        models.update({pe: ckpts[path.stem].model for pe, path in refs.items()})
-        limits = [m for m in map(max_positions, models.values()) if m is not None]
-        examples, example_names = explorer_examples(
-            ckpts[nope.name], min(limits) if limits else None, per_split=explorer_per_split
-        )
-        if examples:
-            data = explorer_data(
-                models,
-                examples,
-                labels=ckpts[nope.name].tokenizer,
-                example_names=example_names,
-                left="nope",
-                reference=next(iter(refs), None),
-            )
-            longest = max(len(e) for e in examples)
-            page.section(
-                "Attention explorer",
-                verdict=(
-                    f"{task}: {len(models)} models, {len(data.layers)} layers x {data.n_heads} "
-                    f"heads, {len(examples)} examples of up to {longest} tokens"
-                    + (f" (every model reads at most {min(limits)} positions)" if limits else "")
-                ),
-            ).add(data)
+def _similarity_models(z: Zoo):
+    """(task, NoPE entry, NoPE-prime entry or None, {pe: path}) of the attention comparison,
+    or None without a NoPE checkpoint."""
+    from nopeinterp import zoo
 
-    # Head taxonomy (issue 17): what dominates each head, per seed-0 checkpoint. Position
-    # erasure is too slow for the main job; its results are in analyses/results/causal_*.
+    task = zoo.analysis_task(z.entries)
+    if zoo.get(z.entries, task, "nope") is None:
+        return None
+    nope, prime = zoo.nope_pair(z.entries, task)
+    return task, nope, prime, zoo.references(z.entries, task)
+
+
+def attention_similarity(z: Zoo) -> Found | None:
+    from nopeinterp.similarity import compare_attention
+
+    found = _similarity_models(z)
+    if found is None:
+        return None
+    task, nope, prime, refs = found
+    n = z.opts.n_per_length
+    result = compare_attention(
+        z.ckpts[nope.name],
+        {pe: z.ckpts[path.stem] for pe, path in refs.items()},
+        nope_prime=z.ckpts[prime.name] if prime else None,
+        n_per_length=n,
+        progress=z.opts.progress,
+    )
+    result.save(z.out / f"attention_similarity_{task}", html=False)
+    return Found(
+        similarity_verdict(task, result.ranking),
+        printed=[
+            (
+                f"Attention divergence from NoPE, {task} (true JSD, min over head pairs; "
+                "closest first)",
+                result.ranking,
+            )
+        ],
+        items=[
+            (result.figure(), None),
+            (result.ranking, "Ranking, closest to NoPE first (95% bootstrap CI)"),
+            (result.table, "Divergence per reference, layer and split"),
+        ],
+        note=f"Jensen-Shannon divergence (nats) per query row, min over head pairs, mean over "
+        f"{n} examples per length; nope_prime (a second NoPE seed) is the noise floor.",
+    )
+
+
+def attention_explorer(z: Zoo) -> Found | None:
+    from nopeinterp.data import max_positions
+    from nopeinterp.similarity.explorer import explorer_data
+
+    found = _similarity_models(z)
+    if found is None:
+        return None
+    task, nope, prime, refs = found
+    models = {"nope": z.ckpts[nope.name].model}
+    if prime:
+        models[prime.pe + "-seed" + str(prime.seed)] = z.ckpts[prime.name].model
+    models.update({pe: z.ckpts[path.stem].model for pe, path in refs.items()})
+    limits = [m for m in map(max_positions, models.values()) if m is not None]
+    examples, example_names = explorer_examples(
+        z.ckpts[nope.name],
+        min(limits) if limits else None,
+        per_split=z.opts.explorer_per_split,
+    )
+    if not examples:
+        return None
+    data = explorer_data(
+        models,
+        examples,
+        labels=z.ckpts[nope.name].tokenizer,
+        example_names=example_names,
+        left="nope",
+        reference=next(iter(refs), None),
+    )
+    longest = max(len(e) for e in examples)
+    return Found(
+        f"{task}: {len(models)} models, {len(data.layers)} layers x {data.n_heads} "
+        f"heads, {len(examples)} examples of up to {longest} tokens"
+        + (f" (every model reads at most {min(limits)} positions)" if limits else ""),
+        items=[(data, None)],
+    )
+
+
+def head_taxonomy(z: Zoo) -> Found:
+    """What dominates each head, per seed-0 checkpoint. Position erasure is too slow for the
+    main job; its results are in analyses/results/causal_*."""
     from nopeinterp.probing import classify_heads
     from nopeinterp.probing.heads import KINDS
 
     rows = []
-    for e in entries:
+    for e in z.entries:
         if e.seed != 0:
             continue
-        tax = classify_heads(ckpts[e.name], n_eval=n_heads, progress=progress)
+        tax = classify_heads(z.ckpts[e.name], n_eval=z.opts.n_heads, progress=z.opts.progress)
         t = tax.table[tax.table.split == tax.table.split.iloc[0]]
         counts = t.label.value_counts()
         rows.append({"task": e.task, "pe": e.pe, **{k: int(counts.get(k, 0)) for k in KINDS}})
     heads = pd.DataFrame(rows)
-    _print("Head taxonomy (heads per label, ID split)", heads)
     positional = [k for k in KINDS if k != "content"]
     nope = heads[heads.pe == "nope"]
-    page.section(
-        "Heads: what dominates each head (issue 17)",
-        verdict=(
-            f"NoPE: {int(nope[positional].to_numpy().sum())} of "
-            f"{int(nope[list(KINDS)].to_numpy().sum())} heads are positional "
-            f"({', '.join(positional)}); labels and thresholds: nopeinterp.probing.heads"
-        ),
-    ).add(heads)
+    return Found(
+        f"NoPE: {int(nope[positional].to_numpy().sum())} of "
+        f"{int(nope[list(KINDS)].to_numpy().sum())} heads are positional "
+        f"({', '.join(positional)}); labels and thresholds: nopeinterp.probing.heads",
+        printed=[("Head taxonomy (heads per label, ID split)", heads)],
+        items=[(heads, None)],
+    )
 
-    index = page.write(out / "index.html", max_bytes=PAGE_MAX_BYTES)
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the report page: its heading and what computes it."""
+
+    title: str
+    compute: Callable[[Zoo], Found | None]
+
+
+# The report, in page order. A section whose computation finds nothing to show is left out.
+SECTIONS = (
+    Section("Length generalization (claim 1)", length_generalization),
+    Section("Theorem 1: absolute position in NoPE", position_probes),
+    Section("Theorem 2: relative distance in later layers", relative_distance),
+    Section("Attention similarity: what NoPE learns (claim 4)", attention_similarity),
+    Section("Attention explorer", attention_explorer),
+    Section("Heads: what dominates each head", head_taxonomy),
+)
+
+
+def load_zoo(checkpoints, out, opts: ReportOptions) -> Zoo:
+    """Every checkpoint of the folder, loaded once, for the sections to share."""
+    from nopeinterp import zoo
+
+    entries = zoo.find_checkpoints(checkpoints)
+    return Zoo(str(checkpoints), entries, {e.name: e.load() for e in entries}, opts, Path(out))
+
+
+def _run_main_job(checkpoints, out, opts: ReportOptions, sections) -> Path:
+    """The main job with resolved options (see `run_main_job`): each section of `sections`
+    computed, printed and put on the page, in order."""
+    from nopeinterp.viz.page import Page
+
+    z = load_zoo(checkpoints, out, opts)
+    page = Page(
+        "nopeinterp: positional encodings and length generalization",
+        intro=(
+            f"{len(z.entries)} checkpoints from {checkpoints} (tasks: {', '.join(z.tasks)}). "
+            "Claims of Kazemnejad et al. 2023; each section opens with a verdict computed from "
+            "its numbers."
+        ),
+    )
+    for section in sections:
+        found = section.compute(z)
+        if found is None:
+            continue
+        for title, table in found.printed:
+            _print(title, table)
+        sec = page.section(section.title, verdict=found.verdict)
+        for item, caption in found.items:
+            sec.add(item, caption=caption)
+        if found.note:
+            sec.text(found.note)
+    index = page.write(z.out / "index.html", max_bytes=PAGE_MAX_BYTES)
     print(f"\nreport written to {index} ({index.stat().st_size / 2**20:.1f} MiB)")
     return index

@@ -341,43 +341,6 @@ class PaperComparison(Result):
     title: ClassVar[str] = "OOD accuracy: ours vs the paper's"
     extra_tables: ClassVar[tuple[str, ...]] = ("agreement", "mrr", "separation", "ties")
 
-    def figure(self):
-        import plotly.graph_objects as go
-
-        fig = go.Figure()
-        for side, color in (("ours", "#1f77b4"), ("paper", "#d62728")):
-            t = self.mrr[self.mrr["side"] == side]
-            fig.add_trace(
-                go.Bar(
-                    name=side,
-                    x=t["pe"],
-                    y=t["mrr"],
-                    marker_color=color,
-                    error_y={
-                        "type": "data",
-                        "symmetric": False,
-                        "array": (t["ci_high"] - t["mrr"]).tolist(),
-                        "arrayminus": (t["mrr"] - t["ci_low"]).tolist(),
-                    },
-                )
-            )
-        fig.update_layout(
-            barmode="group",
-            yaxis_title="MRR of OOD accuracy",
-            title=f"MRR over {self.meta.get('n_splits')} splits (bootstrap over split x seed)",
-        )
-        return fig
-
-    def html_sections(self) -> list:
-        return [
-            (self.title, self.figure()),
-            ("MRR", self.mrr),
-            ("Which PEs the MRR intervals separate", self.separation),
-            ("Rank agreement per split", self.agreement),
-            ("Cells ranked by ties", self.ties),
-            ("Per split and PE", self.table),
-        ]
-
 
 def compare_with_paper(
     ours: pd.DataFrame,

@@ -1,4 +1,4 @@
-"""nopeinterp.viz.explorer: attention-pattern data for the explorer and its HTML fragment."""
+"""The attention explorer: its data (nopeinterp.similarity.explorer) and its HTML (viz.explorer)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from nopeinterp.errors import NopeinterpError
-from nopeinterp.viz.explorer import QUANT, ExplorerData, explorer_data, explorer_html
+from nopeinterp.similarity.explorer import QUANT, ExplorerData, explorer_data
+from nopeinterp.viz.explorer import explorer_html
 from nopeinterp.viz.page import Page
 
 

@@ -1,6 +1,7 @@
 """Outside models through the analyses: random-token and text data for models without a task,
 two outside models compared, an outside model against our own model on shared text, the CLI's
---hf / --text / --ref-hf flags."""
+--hf / --text / --ref-hf flags. The `tl4` tests (all but the one with our own model) also run
+under TransformerLens 4, where `from_hf` gives a TransformerBridge."""
 
 import subprocess
 import sys
@@ -52,6 +53,7 @@ def texts(n=12, seed=0):
             for k in torch.randint(4, 40, (n,), generator=g)]  # fmt: skip
 
 
+@pytest.mark.tl4
 def test_random_sequences_from_the_vocabulary_with_bos_first():
     model = from_hf(smollm3())
     assert model.bos_token_id == BOS
@@ -67,6 +69,7 @@ def test_random_sequences_from_the_vocabulary_with_bos_first():
     assert torch.equal(s.tokens, again.tokens)
 
 
+@pytest.mark.tl4
 def test_default_data_for_a_model_without_a_task():
     model = from_hf(smollm3())
     sets = make_sequences(None, model, id_lengths=(4, 8), ood_lengths=(12, 16), n_eval=7)
@@ -82,6 +85,7 @@ def test_default_data_for_a_model_without_a_task():
     assert per["OOD"].lengths.tolist() == [7, 7]
 
 
+@pytest.mark.tl4
 def test_gpt2_random_data_respects_its_position_table():
     model = from_hf(gpt2())
     sets = make_sequences(None, model, id_lengths=(8, 16), ood_lengths=(60, 70), n_eval=20)
@@ -89,6 +93,7 @@ def test_gpt2_random_data_respects_its_position_table():
     assert sets.dropped["OOD"]["longer than the model's position table"] > 0
 
 
+@pytest.mark.tl4
 def test_texts_are_cut_to_the_requested_lengths():
     tok = word_tokenizer()
     docs = ["w7 w8 w9", " ".join(["w9"] * 30)]
@@ -107,6 +112,7 @@ def test_texts_are_cut_to_the_requested_lengths():
         cut_texts(["w1"], tok, [(5, 6)])
 
 
+@pytest.mark.tl4
 def test_analyses_run_on_an_outside_model():
     model = from_hf(smollm3(), tokenizer=word_tokenizer())
     kw = dict(id_lengths=(6, 12), ood_lengths=(16, 24))
@@ -118,7 +124,8 @@ def test_analyses_run_on_an_outside_model():
     assert set(text.table["split"]) == {"ID", "OOD"}
 
 
-def test_compare_two_outside_models_and_one_of_ours_on_shared_text():
+@pytest.mark.tl4
+def test_compare_two_outside_models_on_shared_text():
     tok = word_tokenizer()
     a, b = from_hf(smollm3(0), tokenizer=tok), from_hf(smollm3(1), tokenizer=tok)
     kw = dict(id_lengths=(4, 10), ood_lengths=(14, 20), n_per_length=1, n_boot=10,
@@ -126,6 +133,11 @@ def test_compare_two_outside_models_and_one_of_ours_on_shared_text():
     same = compare_attention(a, {"a": a, "b": b}, **kw)
     mean = same.ranking.groupby("ref")["mean"].max()
     assert mean["a"] == pytest.approx(0.0, abs=1e-6) and mean["b"] > 0.01
+
+
+def test_compare_an_outside_model_and_one_of_ours_on_shared_text():  # ours: TL 3.9 only
+    tok = word_tokenizer()
+    a = from_hf(smollm3(0), tokenizer=tok)
     ours = build_model(
         "nope", n_layers=4, n_heads=4, d_model=32, d_vocab=VOCAB, n_ctx=64, tokenizer=tok
     )
@@ -139,6 +151,7 @@ def run_cli(*args):
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
+@pytest.mark.tl4
 def test_cli_hf_flags(tmp_path):
     tok = word_tokenizer()
     for name, seed in (("a", 0), ("b", 1)):
@@ -163,6 +176,7 @@ def test_cli_hf_flags(tmp_path):
     assert r.returncode == 2 and "--hf" in r.stderr
 
 
+@pytest.mark.tl4
 def test_distance_stats_by_row_blocks_equal_the_whole(monkeypatch):
     import nopeinterp.probing.distance as dist
 
@@ -185,6 +199,7 @@ def test_distance_stats_by_row_blocks_equal_the_whole(monkeypatch):
     torch.testing.assert_close(blocks.solve()[0], whole.solve()[0], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.tl4
 def test_attention_divergence_layer_by_layer_equals_all_at_once(monkeypatch):
     import nopeinterp.similarity.divergence as div
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from nopeinterp.main_job import PAGE_MAX_BYTES, length_verdict, similarity_verdict
-from nopeinterp.viz.explorer import ExplorerData
+from nopeinterp.results import ExplorerData
 
 ROOT = Path(__file__).resolve().parents[1]
 

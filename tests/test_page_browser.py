@@ -1,4 +1,4 @@
-"""The demo report page (nopeinterp.viz.demo) in headless Chromium, networking blocked.
+"""The demo report page (nopeinterp.demo) in headless Chromium, networking blocked.
 
 Reuses test_report_browser's runner (`--dump-dom`, console lines on stderr, every host
 unresolvable, every request through a dead proxy). Interaction is checked without a driver:
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from test_report_browser import CHROMIUM, _Graphs, _render
 
-from nopeinterp.viz.demo import demo_page
-from nopeinterp.viz.explorer import ExplorerData
+from nopeinterp.demo import demo_page
+from nopeinterp.results import ExplorerData
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="chromium not installed; .ci/run installs it"

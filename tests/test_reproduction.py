@@ -89,6 +89,9 @@ def test_sweep_search_then_grid_adds_the_test_set(tmp_path):
     history = record["val_history"]  # every evaluation up to the best one
     assert [h["step"] for h in history] == list(range(2, record["best_step"] + 1, 2))
     assert history[-1]["val_accuracy"] == record["val_accuracy"]
+    curve = record["val_curve"]  # every evaluation to the end
+    assert [h["step"] for h in curve] == [2, 4] and curve[: len(history)] == history
+    assert record["steps_run"] == 4 and record["stopped_early"] is False
 
     assert run_sweep(**grid, preset="tiny", overrides=SMALL, test="eval_set") == {
         "copy.variant=cmc-nope-seed0": "tested"
@@ -459,3 +462,77 @@ def test_committed_mrr_table_gives_the_paper_side_of_the_paper_runs():
     for col in ("mrr", "ci_low", "ci_high"):
         assert paper_side[col].to_numpy() == pytest.approx(expected.loc[paper_side.index, col])
     assert round(paper_side.loc["nope", "mrr"], 3) == 0.784
+
+
+def test_steps_to_is_the_first_evaluation_at_the_target():
+    curve = [{"step": 2, "val_accuracy": 0.5}, {"step": 4, "val_accuracy": 0.96},
+             {"step": 6, "val_accuracy": 0.97}]  # fmt: skip
+    assert repro.steps_to(curve, 0.95) == 4
+    assert repro.steps_to(curve, 0.99) is None and repro.steps_to(None, 0.95) is None
+
+
+def test_pilot_trains_on_the_t5_preset_to_the_stop_rule_and_resumes(tmp_path, monkeypatch, capsys):
+    """`pilot`: seed 0 of every (split, PE) per rate, on `repro-t5` with the stop rule and the
+    step cap; records copied under RECORDS/pilot/, tabled by `pilot-table`, restored (not
+    trained again) on a machine without runs/."""
+    monkeypatch.syspath_prepend(str(ROOT / "analyses"))
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    monkeypatch.setattr(repro, "RUNS", runs)
+    monkeypatch.setattr(repro, "RECORDS", records)
+    monkeypatch.setattr(repro, "FIVE_PES", ("nope", "rotary"))
+    calls = []
+    small = {**SMALL, "n_layers": 1, "d_model": 32, "d_mlp": 64, "d_head": 16, "steps": 4}
+
+    def sweep(*a, preset, overrides, **k):  # the pilot's settings, on a tiny shape
+        calls.append((preset, overrides))
+        return run_sweep(*a, preset=preset, overrides={**overrides, **small}, **k)
+
+    monkeypatch.setattr(repro, "run_sweep", sweep)
+    repro.pilot(lrs=[1e-3], steps=4, splits=["rsc"])
+    assert calls == [("repro-t5", {"lr": 1e-3, "steps": 4, "stop_at_val": 0.95, "stop_evals": 2})]
+    folder = records / "pilot" / "steps=4" / "lr=0.001"
+    assert sorted(p.name for p in folder.glob("*.json")) == [
+        "copy.variant=rsc-nope-seed0.json", "copy.variant=rsc-rotary-seed0.json"
+    ]  # fmt: skip
+    table = repro.pilot_runs()
+    assert list(table["pe"]) == ["nope", "rotary"] and set(table["arch"]) == {"t5"}
+    assert set(table["d_head"]) == {16} and set(table["steps_run"]) == {4}
+    for row, path in zip(table.itertuples(), sorted(folder.glob("*.json")), strict=True):
+        rec = json.loads(path.read_text())
+        assert row.best_val == rec["val_accuracy"] and row.ood_accuracy == rec["ood_accuracy"]
+        assert row.s_per_step == pytest.approx(1 / rec["throughput"]["steps_per_s"])
+    assert len(repro.pilot_curves()) == 4  # 2 runs x 2 evaluations
+    paths = repro.pilot_table(tmp_path / "tables")
+    assert {p.name for p in paths} >= {"pilot_runs.csv", "pilot_curves.md"}
+
+    shutil.rmtree(runs)  # a new machine: the committed records are restored, nothing retrains
+    capsys.readouterr()
+    repro.pilot(lrs=[1e-3], steps=4, splits=["rsc"])
+    out = capsys.readouterr().out
+    assert out.count("committed record restored") == 2 and out.count(": skipped") == 2
+    assert not list(runs.rglob("model.pt"))
+    with pytest.raises(NopeinterpError, match="steps"):
+        repro.pilot(lrs=[1e-3], steps=0)
+
+
+def test_commit_records_commits_only_the_named_paths(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    for key in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{key}_NAME", "t")
+        monkeypatch.setenv(f"GIT_{key}_EMAIL", "t@t")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.setattr(repro, "ROOT", tmp_path)
+    (tmp_path / "pilot").mkdir()
+    (tmp_path / "pilot" / "a.json").write_text("{}")
+    (tmp_path / "other.txt").write_text("x")
+    repro.commit_records([tmp_path / "pilot"], "a record")
+
+    def git(*args):
+        cmd = ["git", "-C", str(tmp_path), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+    assert git("log", "--format=%s") == "a record\n"
+    assert git("show", "--name-only", "--format=") == "pilot/a.json\n"
+    repro.commit_records([tmp_path / "pilot"], "nothing new")  # nothing to commit: one line
+    assert "warning: not committed" in capsys.readouterr().out

@@ -551,7 +551,7 @@ def test_every_analysis_runs_on_the_t5_architecture():
     from nopeinterp.probing.erasure import erase_position
     from nopeinterp.probing.heads import attention_sinks
     from nopeinterp.similarity import compare_attention
-    from nopeinterp.viz.explorer import explorer_data
+    from nopeinterp.similarity.explorer import explorer_data
 
     def small(pe, layer_pe=None, seed=0):
         return build_model(

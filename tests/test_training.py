@@ -386,3 +386,39 @@ def test_stop_at_val_finishes_at_the_first_evaluation_that_reaches_it(tmp_path, 
     assert not (tmp_path / "m.pt.state.pt").exists()  # finished, not interrupted
     with pytest.raises(NopeinterpError, match="stop_at_val"):
         small_config(tmp_path, stop_at_val=1.5)
+
+
+def test_stop_val_ends_training_after_enough_evaluations_in_a_row(tmp_path, monkeypatch):
+    """`stop_at_val` with `stop_evals`: training ends at the first evaluation that makes
+    `stop_evals` in a row at or above it (not at the first one alone), resumed or not; every
+    validation is kept."""
+    import json
+
+    from nopeinterp.training import trainer
+
+    scripted = iter([0.2, 0.95, 0.5, 1.0, 0.95, 1.0, 1.0, 1.0])  # validation exact match per eval
+
+    def exact_match(model, tokenizer, task, examples):
+        k = round(next(scripted) * len(examples))
+        return [True] * k + [False] * (len(examples) - k)
+
+    monkeypatch.setattr(trainer, "exact_match", exact_match)
+    cfg = small_config(
+        tmp_path, eval_every=2, checkpoint_every=2, stop_at_val=0.95, stop_evals=2, stop_after=4
+    )
+    train(cfg)  # "killed" after 2 evaluations (0.2, 0.95): one at 0.95 is not enough
+    assert (tmp_path / "m.pt.state.pt").exists()
+    cfg.stop_after, cfg.resume = None, True
+    ckpt = load_checkpoint(train(cfg))
+    curve = json.loads((tmp_path / "m.pt.history.json").read_text())
+    assert [h["step"] for h in curve["history"]] == [2, 4, 6, 8, 10]  # 1.0 then 0.95: stop
+    assert [h["val_accuracy"] for h in curve["history"]] == [0.2, 0.95, 0.5, 1.0, 0.95]
+    assert curve["stopped_early"] and curve["steps"] == 30
+    assert not (tmp_path / "m.pt.state.pt").exists()  # finished
+    assert ckpt.meta["step"] == 8 and ckpt.meta["val_accuracy"] == 1.0  # the best one is kept
+    with pytest.raises(NopeinterpError, match="stop_at_val"):
+        small_config(tmp_path / "x", stop_at_val=1.5)
+    with pytest.raises(NopeinterpError, match="stop_evals"):
+        small_config(tmp_path / "x", stop_at_val=0.9, stop_evals=0)
+    with pytest.raises(NopeinterpError, match="no exact match"):
+        small_config(tmp_path / "x", task="lm", task_options={}, stop_at_val=0.9)

@@ -7,8 +7,7 @@ import torch
 from nopeinterp._tl import HookedTransformerConfig
 from nopeinterp.models.alibi import alibi_slopes
 from nopeinterp.models.base import PEAttention, PETransformer
-from nopeinterp.models.hf import from_hf
-from nopeinterp.models.registry import LAYER_PES, MODEL_CLASSES
+from nopeinterp.models.registry import ARCH_LAYOUTS, LAYER_PES, MODEL_CLASSES
 from nopeinterp.models.rotary import check_rope_scaling, rope_frequencies, rotary_dim
 from nopeinterp.models.t5 import t5_bucket_ids
 from nopeinterp.models.t5_arch import ARCH_TYPES, T5_EPS, check_arch
@@ -155,7 +154,14 @@ def build_model(
     )
     with torch.random.fork_rng(devices=[]):  # TL seeds the global RNG; leave the caller's alone
         model = MODEL_CLASSES[pe](
-            cfg, tokenizer=tokenizer, layer_pe=layer_pe, dropout=dropout, arch=arch, **pe_options
+            cfg,
+            tokenizer=tokenizer,
+            layer_pes=LAYER_PES,
+            layer_pe=layer_pe,
+            dropout=dropout,
+            arch=arch,
+            arch_layouts=ARCH_LAYOUTS,
+            **pe_options,
         )
     if dtype is not None and dtype != torch.float32:  # the PE modules' own tensors too
         model.to(dtype, print_details=False)
@@ -194,6 +200,8 @@ def layer_pes(model) -> list[str]:
     n_layers = model.cfg.n_layers
     if isinstance(model, PETransformer):
         return [model.pe] * n_layers if model.absolute_embedding else list(model.layer_pe)
+    if getattr(model, "layer_pe", None) is not None:  # a bridge over SmolLM3 (TL 4)
+        return list(model.layer_pe)
     kind = model.cfg.positional_embedding_type
     return [_TL_PE_NAMES.get(kind, kind)] * n_layers
 
@@ -232,7 +240,6 @@ __all__ = [
     "PETransformer",
     "alibi_slopes",
     "build_model",
-    "from_hf",
     "layer_pes",
     "model_config",
     "resolve_device",

@@ -12,9 +12,8 @@ import math
 
 import torch
 from torch import nn
-from transformer_lens.components import PosEmbed
-from transformer_lens.utilities import get_offset_position_ids
 
+from nopeinterp._tl import PosEmbed, get_offset_position_ids
 from nopeinterp.models.base import PETransformer
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -435,6 +436,9 @@ class PEBlock(TransformerBlock):
 class PETransformer(HookedTransformer):
     """HookedTransformer with a positional encoding per layer; see the module docstring.
 
+    `layer_pes`: the PE registry (name -> `LayerPE`, `nopeinterp.models.registry.LAYER_PES`),
+    and `arch_layouts` (arch -> the function that lays the blocks out, `ARCH_LAYOUTS`), handed
+    in by the builder so this base never imports the modules built on it;
     `layer_pe`: each layer's `LayerPE` name; `pe_options`: the options of every PE used
     (each PE takes its own keys); `dropout`: see `PEBlock` (also on the embeddings and the
     attention weights); `arch`: "default" (TL's pre-LayerNorm block with biases) or "t5" (the
@@ -449,15 +453,15 @@ class PETransformer(HookedTransformer):
         cfg: HookedTransformerConfig,
         tokenizer=None,
         *,
+        layer_pes: Mapping[str, LayerPE],
         layer_pe=None,
         dropout: float = 0.0,
         arch: str = "default",
+        arch_layouts: Mapping | None = None,
         **pe_options,
     ):
-        from nopeinterp.models.registry import LAYER_PES
-
         layer_pe = list(layer_pe or [self.layer_pe_default] * cfg.n_layers)
-        specs = [LAYER_PES[name] for name in layer_pe]
+        specs = [layer_pes[name] for name in layer_pe]
         cfg.positional_embedding_type = (
             "rotary" if any(spec.rotary for spec in specs) else "standard"
         )
@@ -486,10 +490,8 @@ class PETransformer(HookedTransformer):
         # TL initialised the stock modules; re-run it (same seed) so replaced ones are set too.
         if cfg.init_weights:  # False: the caller loads every weight
             self.init_weights()
-        if arch == "t5":
-            from nopeinterp.models.t5_arch import make_t5_layout
-
-            make_t5_layout(self)  # T5's norm, MLP, tied output, no biases; T5's init
+        if arch != "default":  # e.g. t5: T5's norm, MLP, tied output, no biases; T5's init
+            (arch_layouts or {})[arch](self)
         self.setup()  # re-name hook points after the module swaps
         self.eval()
 

@@ -278,7 +278,7 @@ def from_codellm(path, *, tokenizer=None, device=None, n_ctx: int | None = None)
     directory runs. `n_ctx`: default the config's n_positions (learned `abs_learned`: its
     table's rows), capped at 2048 like `from_hf`. Raises CodeLLMError (one line)."""
     from nopeinterp.models import build_model
-    from nopeinterp.models.hf import _ctx
+    from nopeinterp.models.context import _ctx
 
     path = Path(path)
     config = read_config(path)

@@ -37,18 +37,19 @@ from typing import Any
 import torch
 
 from nopeinterp._tl import (
+    TL4,
     Attention,
     HookedTransformer,
     HookedTransformerConfig,
+    bridge,
     tl_deprecation_silenced,
 )
-from nopeinterp.errors import NopeinterpError
 from nopeinterp.models.alibi import alibi_slopes
 from nopeinterp.models.codellm import CodeLLMError, from_codellm, is_codellm_dir
+from nopeinterp.models.context import DEFAULT_MAX_CTX, HFModelError, _ctx
 
 # Rotary and ALiBi models have no hard length limit, but TL keeps an n_ctx x n_ctx causal mask
 # per layer (and a rotary table of n_ctx rows): their context is capped at this by default.
-DEFAULT_MAX_CTX = 2048
 
 # transformers activation names -> TL's (only those whose formulas agree).
 _ACTIVATIONS = {
@@ -60,10 +61,6 @@ _ACTIVATIONS = {
     "silu": "silu",
     "swish": "silu",
 }
-
-
-class HFModelError(NopeinterpError, ValueError):
-    """A Hugging Face model or directory that from_hf cannot convert faithfully."""
 
 
 class BloomAttention(Attention):
@@ -130,17 +127,6 @@ def _rope(hf_config, arch: str, scaled=()) -> tuple[float, float, dict | None]:
     if rope_type != "default":
         scaling = {"rope_type": rope_type, **params}
     return float(theta), float(fraction), scaling
-
-
-def _ctx(limit: int | None, n_ctx: int | None, arch: str, hard: bool) -> int:
-    """The TL context: `n_ctx` if given, else the model's limit capped at DEFAULT_MAX_CTX."""
-    if n_ctx is None:
-        return min(limit or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
-    if n_ctx < 1:
-        raise HFModelError(f"n_ctx must be positive, got {n_ctx}")
-    if hard and limit is not None and n_ctx > limit:
-        raise HFModelError(f"{arch}: n_ctx={n_ctx} exceeds its {limit} learned positions")
-    return n_ctx
 
 
 def _gpt2_config(c, arch, n_ctx):
@@ -383,7 +369,6 @@ def from_hf(
     `custom_decoder_only_t5` (its 1B code LMs; `nopeinterp.models.codellm`), opened without
     running any of their files; anything else raises HFModelError.
     """
-    from transformer_lens.pretrained import weight_conversions
     from transformers import PreTrainedModel
 
     if isinstance(model_or_local_dir, str | os.PathLike) and is_codellm_dir(model_or_local_dir):
@@ -405,6 +390,14 @@ def from_hf(
     hf_config = hf.config
     limit = _context_limit(hf_config)
     ctx = _ctx(limit, n_ctx, arch, hard=family.pe == "ape")
+    if TL4:  # no HookedTransformer to convert into: a TransformerBridge over the model itself
+        model = bridge(hf, tokenizer, device, ctx)
+        if family.pe == "per-layer":
+            model.layer_pe = ["rotary" if f else "nope" for f in hf_config.no_rope_layers]
+        model.pe_options = _bridge_pe_options(model.cfg)
+        return _finish(model, tokenizer, arch, hf_config)
+    from transformer_lens.pretrained import weight_conversions
+
     param = next(hf.parameters())
     cfg = HookedTransformerConfig(
         **family.config(hf_config, arch, ctx),
@@ -444,9 +437,17 @@ def from_hf(
     return _finish(model, tokenizer, arch, hf_config)
 
 
+def _bridge_pe_options(cfg) -> dict:
+    """The rotary fraction and base of a bridge's cfg, as `model.pe_options` gives them."""
+    if cfg.positional_embedding_type != "rotary" or not getattr(cfg, "rotary_dim", None):
+        return {}
+    return {"fraction": cfg.rotary_dim / cfg.d_head, "base": getattr(cfg, "rotary_base", 10000)}
+
+
 def _finish(model, tokenizer, arch: str, hf_config=None):
     if tokenizer is not None:
-        model.tokenizer = tokenizer  # not set_tokenizer: that re-loads it by name
+        if model.tokenizer is not tokenizer:  # a bridge (TL 4) holds it already
+            model.tokenizer = tokenizer  # not set_tokenizer: that re-loads it by name
         model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
     model.hf_architecture = arch
     model.hf_config = hf_config  # what the random-init control re-initialises from
@@ -464,7 +465,7 @@ def _per_layer_model(hf_config, cfg: HookedTransformerConfig, state_dict: dict):
     the same logits, with hook_k / hook_v showing each group once per head it serves.
     """
     from nopeinterp.models import set_rope_scaling
-    from nopeinterp.models.registry import MODEL_CLASSES
+    from nopeinterp.models.registry import LAYER_PES, MODEL_CLASSES
 
     layer_pe = ["rotary" if flag else "nope" for flag in hf_config.no_rope_layers]
     if len(layer_pe) != cfg.n_layers:
@@ -482,7 +483,7 @@ def _per_layer_model(hf_config, cfg: HookedTransformerConfig, state_dict: dict):
         scaling = _rope(hf_config, arch, scaled=_SCALINGS[arch])[2]
         options = {"fraction": cfg.rotary_dim / cfg.d_head, "base": cfg.rotary_base}
     with torch.random.fork_rng(devices=[]):  # our init draws numbers: leave the caller's
-        model = MODEL_CLASSES[pe](own_cfg, layer_pe=layer_pe, **options)
+        model = MODEL_CLASSES[pe](own_cfg, layer_pes=LAYER_PES, layer_pe=layer_pe, **options)
     if scaling is not None:
         try:  # set_rope_scaling also rebuilds the rotary tables (the constructor does not)
             set_rope_scaling(model, scaling)

@@ -7,6 +7,7 @@ from nopeinterp.models.kerple import Kerple, KerpleTransformer
 from nopeinterp.models.nope import NoPE, NoPETransformer
 from nopeinterp.models.rotary import Rotary, RotaryTransformer
 from nopeinterp.models.t5 import T5, T5Transformer
+from nopeinterp.models.t5_arch import make_t5_layout
 
 # PEs acting inside attention, which a model may mix per layer.
 LAYER_PES = {spec.name: spec for spec in (NoPE(), T5(), ALiBi(), Rotary(), FIRE(), Kerple())}
@@ -24,3 +25,6 @@ MODEL_CLASSES = {
         KerpleTransformer,
     )
 }
+
+# Block layouts other than the default one (`build_model(arch=...)`).
+ARCH_LAYOUTS = {"t5": make_t5_layout}

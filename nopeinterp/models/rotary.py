@@ -174,10 +174,6 @@ class RotaryAttention(PEAttention):
         return Attention.apply_rotary(self, x, past_kv_pos_offset, attention_mask)
 
 
-# kept for imports of the old name
-UncappedRotaryAttention = RotaryAttention
-
-
 def rotary_dim(d_head: int, fraction: float) -> int:
     """Number of rotated dims: `fraction` of d_head, rounded down to an even number (>= 2)."""
     if not 0 < fraction <= 1:

@@ -7,11 +7,8 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from nopeinterp.data import Sequences
+from nopeinterp.hooks import act_name, block_of
 from nopeinterp.progress import progress as progress_bar
-
-
-def block_of(hook_name: str) -> int:
-    return int(hook_name.split(".")[1])
 
 
 def batches_by_length(s: Sequences, batch_size: int) -> list[torch.Tensor]:
@@ -130,12 +127,12 @@ class AttentionRows:
         if self.by_rows:
             self.attns = attns
             names = {
-                layer: tuple(f"blocks.{layer}.attn.{h}" for h in a.qk_hook_names)
+                layer: tuple(act_name(h, layer) for h in a.qk_hook_names)
                 for layer, a in attns.items()
             }
         else:
             kinds = ("hook_attn_scores", "hook_pattern") if scores else ("hook_pattern",)
-            names = {layer: tuple(f"blocks.{layer}.attn.{h}" for h in kinds) for layer in layers}
+            names = {layer: tuple(act_name(h, layer) for h in kinds) for layer in layers}
         wanted = frozenset(n for v in names.values() for n in v)
         device = model.cfg.device
         with torch.inference_mode():
@@ -206,3 +203,25 @@ def attention_batches(
             for group in groups:
                 yield idx, mask, AttentionRows(model, tokens, mask, group, scores=scores), group
                 bar.update(1)
+
+
+def attention_groups(model, s: Sequences, layers, opts, *, scores: bool, desc: str):
+    """`attention_batches` with the options' batch size, cache budget and progress: yields
+    (real [B, T] bool mask, the batch's query-row blocks, its AttentionRows, the group of
+    layers cached together), for the analyses that read whole attention rows."""
+    for _, mask, attention, group in attention_batches(
+        model,
+        s,
+        layers,
+        batch_size=opts.batch_size,
+        scores=scores,
+        max_cache_mb=opts.max_cache_mb,
+        progress=opts.progress,
+        desc=desc,
+    ):
+        yield (
+            mask.bool(),
+            row_blocks(mask.shape[0], model.cfg.n_heads, mask.shape[1]),
+            attention,
+            group,
+        )

@@ -45,15 +45,16 @@ Layers here are block indices 0..n_layers-1 (the attention of block l).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import pandas as pd
 import torch
 
-from nopeinterp.data import as_model, describe, make_sequences
-from nopeinterp.probing._stream import attention_batches, row_blocks
+from nopeinterp.data import Splits
+from nopeinterp.inputs import ModelInput, analysis_front, describe
+from nopeinterp.options import DistanceOptions, layer_list
+from nopeinterp.probing._stream import attention_groups, row_blocks
 from nopeinterp.results import Result
 
 _DTYPE = torch.float64
@@ -359,20 +360,10 @@ class DistanceResult(Result):
     extra_tables: ClassVar[tuple[str, ...]] = ("mass", "rel_mass")
 
     def heatmap(self, split: str | None = None):
-        from nopeinterp.viz.probing import distance_heatmap
-
-        return distance_heatmap(self.table, split=split)
+        return self.draw("heatmap", split=split)
 
     def histogram(self, layer: int | None = None, head: int | None = None, max_distance=None):
-        from nopeinterp.viz.probing import attention_distance_histogram
-
-        return attention_distance_histogram(
-            self.mass, layer=layer, head=head, max_distance=max_distance
-        )
-
-    def figure(self, split: str | None = None):
-        """The layer x head heatmap of the score (see also `histogram`)."""
-        return self.heatmap(split)
+        return self.draw("histogram", layer=layer, head=head, max_distance=max_distance)
 
     def pivot(self) -> pd.DataFrame:
         """(split, layer) rows x "head h" columns of the score."""
@@ -380,72 +371,18 @@ class DistanceResult(Result):
         wide.columns = [f"head {h}" for h in wide.columns]
         return wide
 
-    def html_sections(self) -> list:
-        sections = [(f"Distance dependence ({s})", self.heatmap(s)) for s in self.splits]
-        sections.append(("Attention mass by distance", self.histogram()))
-        sections.append(
-            (
-                "About the score",
-                "<p>R&sup2; of the fit logit[n,m] &asymp; a<sub>row</sub> + f(n&minus;m) over "
-                "valid causal cells, relative to the row-centred logits: 1 = the head's logits "
-                "depend on relative distance only (up to per-row constants), 0 = not at all.</p>",
-            )
-        )
-        sections.append(("Scores (split, layer x head)", self.pivot().reset_index()))
-        return sections
-
     @property
     def splits(self) -> list[str]:
         return list(dict.fromkeys(self.table.split))
 
 
-def distance_dependence(
-    model,
-    data=None,
-    *,
-    layers: Sequence[int] | None = None,
-    batch_size: int = 16,
-    progress: bool = True,
-    id_lengths: tuple[int, int] | None = None,
-    ood_lengths: tuple[int, int] | None = None,
-    attention_mask: torch.Tensor | None = None,
-    lengths: torch.Tensor | None = None,
-    tokenizer=None,
-    n_eval: int = 128,
-    seed: int = 0,
-    max_cache_mb: float = 256,
-    title: str | None = None,
-) -> DistanceResult:
-    """Distance-dependence score per (split, layer, head) and the attention-mass histogram.
-
-    `model`: a HookedTransformer, a Checkpoint or a path. `data`: anything
-    `nopeinterp.data.make_sequences` takes (None: the checkpoint's task); sequences are grouped
-    into "ID"/"OOD" by `id_lengths`/`ood_lengths` (a task: `n_eval` val-split and
-    test-split examples), or a single split "all" when no lengths are given. Attention is
-    read by blocks of query rows (`nopeinterp.probing._stream.AttentionRows`): on our models
-    from cached q and k only, on others from ``hook_attn_scores`` and ``hook_pattern``.
-    """
-    mi = as_model(model)
+def run_distance_dependence(mi: ModelInput, sets: Splits, opts: DistanceOptions) -> DistanceResult:
+    """The score and the mass histograms on resolved inputs (`sets` of `mi`)."""
     model = mi.model
     if isinstance(model, torch.nn.Module):
         model.eval()
     n_layers, H = model.cfg.n_layers, model.cfg.n_heads
-    layers = list(range(n_layers)) if layers is None else sorted({int(x) for x in layers})
-    for layer in layers:
-        if not 0 <= layer < n_layers:
-            raise ValueError(f"layer {layer} out of range 0..{n_layers - 1}")
-    sets = make_sequences(
-        data,
-        mi,
-        purpose="analysis",
-        attention_mask=attention_mask,
-        lengths=lengths,
-        tokenizer=tokenizer,
-        id_lengths=id_lengths,
-        ood_lengths=ood_lengths,
-        n_eval=n_eval,
-        seed=seed,
-    )
+    layers = layer_list(opts.layers, 0, n_layers - 1)
     if not sets:
         raise ValueError("no sequences this model can read")
     rows, mass_rows, rel_rows = [], [], []
@@ -453,26 +390,17 @@ def distance_dependence(
     for split, s in sets.items():
         design = DistanceDesign()  # which cells are used: one for all layers
         stats = {layer: DistanceStats(H, design) for layer in layers}
-        for _, mask, attention, group in attention_batches(
-            model,
-            s,
-            layers,
-            batch_size=batch_size,
-            scores=True,
-            max_cache_mb=max_cache_mb,
-            progress=progress,
-            desc=f"distance: {split}",
+        for real, blocks, attention, group in attention_groups(
+            model, s, layers, opts, scores=True, desc=f"distance: {split}"
         ):
-            real = mask.bool()
-            blocks = row_blocks(*mask.shape[:1], H, mask.shape[1])
 
             def valid(r0, r1, real=real):
                 return real[:, r0:r1, None] & real[:, None, :r1]
 
             if group[0] == layers[0]:  # a new batch (its first group of layers)
-                design.update_batch(valid, blocks, mask.shape[1])
+                design.update_batch(valid, blocks, real.shape[1])
             for layer in group:
-                stats[layer].reserve(mask.shape[1])
+                stats[layer].reserve(real.shape[1])
                 for r0, r1 in blocks:
                     scores, pattern = attention.rows(layer, r0, r1)
                     stats[layer].update_rows(scores.cpu(), valid(r0, r1), r0, pattern.cpu())
@@ -519,7 +447,11 @@ def distance_dependence(
                             "n_rows": int(count[d]),
                         }
                     )
-    meta = {"title": title or describe(mi, "Distance dependence"), "layers": layers, **sets.meta()}
+    meta = {
+        "title": opts.title or describe(mi, "Distance dependence"),
+        "layers": layers,
+        **sets.meta(),
+    }
     return DistanceResult(
         pd.DataFrame(rows, columns=TABLE_COLUMNS),
         meta,
@@ -528,10 +460,28 @@ def distance_dependence(
     )
 
 
+distance_dependence = analysis_front(
+    run_distance_dependence,
+    DistanceOptions,
+    name="distance_dependence",
+    doc="""Distance-dependence score per (split, layer, head) and the attention-mass histogram.
+
+`model`: a HookedTransformer, a Checkpoint or a path. `data`: anything
+`nopeinterp.data.make_sequences` takes (None: the checkpoint's task); sequences are grouped
+into "ID"/"OOD" by `id_lengths`/`ood_lengths` (a task: `n_eval` val-split and
+test-split examples), or a single split "all" when no lengths are given. Attention is
+read by blocks of query rows (`nopeinterp.probing._stream.AttentionRows`): on our models
+from cached q and k only, on others from ``hook_attn_scores`` and ``hook_pattern``.
+Options (`nopeinterp.options.DistanceOptions`): `options=` or any of its fields.
+""",
+)
+
+
 __all__ = [
     "DistanceDesign",
     "DistanceResult",
     "DistanceStats",
     "distance_dependence",
     "distance_r2",
+    "run_distance_dependence",
 ]

@@ -39,19 +39,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import torch
 from concept_erasure import LeaceEraser, LeaceFitter
 
-from nopeinterp.data import Sequences, _random_split, as_model, describe, make_sequences
+from nopeinterp.data import Sequences, Splits, _random_split, as_splits, make_sequences
+from nopeinterp.inputs import ModelInput, analysis_front, as_model, describe
+from nopeinterp.options import CONCEPTS, ErasureOptions, ProbeOptions
 from nopeinterp.probing._stream import stream
-from nopeinterp.probing.position import _positions, probe_layers, probe_position
-from nopeinterp.probing.ridge import DEFAULT_ALPHAS
+from nopeinterp.probing.position import _positions, probe_layers, run_probe_position
 from nopeinterp.results import Result
 
-CONCEPTS = ("index", "onehot")
 CONDITIONS = ("none", "leace", "random")
 PROBE_METRICS = ("r2", "mae", "accuracy")
 TASK_METRICS = ("exact_match", "target_loss")
@@ -190,47 +190,6 @@ class ErasureResult(Result):
         order = [f"{m} {c} {s}" for m in metrics for c in CONDITIONS for s in ("ID", "OOD")]
         return p[[c for c in order if c in p.columns]]
 
-    def figure(self):
-        """One panel per metric present, value per layer: none / leace / random, ID and OOD."""
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-
-        t = self.table
-        metrics = [m for m in (*PROBE_METRICS[:1], *TASK_METRICS) if m in set(t.metric)]
-        fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=metrics)
-        dash = {"none": "solid", "leace": "dash", "random": "dot"}
-        color = {"ID": "#1f77b4", "OOD": "#d62728"}
-        for col, metric in enumerate(metrics, start=1):
-            for cond in CONDITIONS:
-                for split in color:
-                    d = t[(t.metric == metric) & (t.condition == cond) & (t.split == split)]
-                    if d.empty:
-                        continue
-                    d = d.sort_values("layer")
-                    fig.add_trace(
-                        go.Scatter(
-                            x=d.layer,
-                            y=d.value,
-                            mode="lines+markers",
-                            line=dict(color=color[split], dash=dash[cond]),
-                            name=f"{cond} {split}",
-                            legendgroup=f"{cond} {split}",
-                            showlegend=col == 1,
-                        ),
-                        row=1,
-                        col=col,
-                    )
-            fig.update_xaxes(title_text="erased layer (0 = embeddings)", dtick=1, row=1, col=col)
-        fig.update_layout(title=self.meta.get("title") or self.title)
-        return fig
-
-    def html_sections(self) -> list:
-        return [
-            (self.meta.get("title") or self.title, self.figure()),
-            ("Probe R² after erasure (layers x condition/split)", self.pivot("r2").reset_index()),
-            ("Table", self.table),
-        ]
-
 
 def _task_metrics(model, task, tokenizer, sets: dict[str, Sequences], batch_size) -> list[dict]:
     """Exact match and target loss on the task examples behind each held-out split."""
@@ -259,95 +218,52 @@ def _task_metrics(model, task, tokenizer, sets: dict[str, Sequences], batch_size
     return rows
 
 
-def erase_position(
-    model,
-    data=None,
-    *,
-    layers: Sequence[int] | None = None,
-    hook: str = "resid_post",
-    concept: str = "index",
-    erase_fraction: float = 0.5,
-    control_seed: int = 0,
-    task_metrics: bool = True,
-    id_lengths: tuple[int, int] | None = None,
-    ood_lengths: tuple[int, int] | None = None,
-    attention_mask: torch.Tensor | None = None,
-    lengths: torch.Tensor | None = None,
-    tokenizer=None,
-    n_train: int = 512,
-    n_eval: int = 256,
-    alphas: Sequence[float] = DEFAULT_ALPHAS,
-    batch_size: int = 64,
-    seed: int = 0,
-    max_cache_mb: float = 256,
-    progress: bool = True,
-    title: str | None = None,
-) -> ErasureResult:
-    """Erase position at each layer (LEACE, and a same-rank random control); see the module
-    docstring for the sets, conditions and metrics.
-
-    `model`: a HookedTransformer, a Checkpoint or a checkpoint path. `data`: anything
-    `nopeinterp.data.make_sequences` takes, as for `probe_position`; None = the checkpoint's
-    own task (`n_train` train-pool sequences, `n_eval` held-out ID and OOD ones). Task metrics
-    (exact match, target loss) need task data and `task_metrics=True`.
-    """
-    if concept not in CONCEPTS:
-        raise ValueError(f"concept must be one of {CONCEPTS}, got {concept!r}")
-    if not 0 < erase_fraction < 1:
-        raise ValueError(f"erase_fraction must be in (0, 1), got {erase_fraction}")
-    mi = as_model(model)
+def run_erase_position(mi: ModelInput, sets: Splits, opts: ErasureOptions) -> ErasureResult:
+    """Erasure and its control on resolved inputs ("fit", "val", "ID", "OOD" `sets` of `mi`)."""
     model = mi.model
     if isinstance(model, torch.nn.Module):
         model.eval()
-    layer_hooks = probe_layers(model.cfg.n_layers, hook, layers)
-    sets = make_sequences(
-        data,
-        mi,
-        purpose="probe",
-        attention_mask=attention_mask,
-        lengths=lengths,
-        tokenizer=tokenizer,
-        id_lengths=id_lengths,
-        ood_lengths=ood_lengths,
-        n_train=n_train,
-        n_eval=n_eval,
-        seed=seed,
-    )
+    hook, seed, batch_size = opts.hook, opts.seed, opts.batch_size
+    layer_hooks = probe_layers(model.cfg.n_layers, hook, opts.layers)
     if "ID" not in sets:
         raise ValueError("no held-out ID sequences to evaluate the probe on")
     if "fit" not in sets or len(sets["fit"]) < 2:
         raise ValueError("too few training sequences to split into eraser and probe sets")
-    parts = _random_split(sets["fit"], {"erase": erase_fraction, "fit": 1 - erase_fraction}, seed)
+    fraction = opts.erase_fraction
+    parts = _random_split(sets["fit"], {"erase": fraction, "fit": 1 - fraction}, seed)
     if min(len(parts["erase"]), len(parts["fit"])) < 1:
         raise ValueError("too few training sequences to split into eraser and probe sets")
     probe_sets = {**dict(sets), "fit": parts["fit"]}
     n_classes = int(parts["erase"].attention_mask.sum(1).max())
-    task, tok = (sets.task, sets.tokenizer) if task_metrics else (None, None)
+    task, tok = (sets.task, sets.tokenizer) if opts.task_metrics else (None, None)
 
     erasers = fit_position_erasers(
         model,
         parts["erase"],
         layers=list(layer_hooks),
         hook=hook,
-        concept=concept,
+        concept=opts.concept,
         n_classes=n_classes,
         batch_size=batch_size,
-        max_cache_mb=max_cache_mb,
-        progress=progress,
+        max_cache_mb=opts.max_cache_mb,
+        progress=opts.progress,
     )
-    probe_kw = dict(
+    probe_opts = ProbeOptions(
         hook=hook,
         random_baseline=False,
         shuffle_control=False,
         batch_size=batch_size,
         seed=seed,
-        progress=progress,
-        alphas=alphas,
-        max_cache_mb=max_cache_mb,
+        progress=opts.progress,
+        alphas=opts.alphas,
+        max_cache_mb=opts.max_cache_mb,
     )
+    probe_mi = as_model(model)
+    probe_splits = as_splits(probe_sets, model)
 
-    def probe_rows(layer_list):
-        t = probe_position(model, probe_sets, layers=layer_list, **probe_kw).table
+    def probe_rows(layers):
+        opts_l = replace(probe_opts, layers=layers)
+        t = run_probe_position(probe_mi, probe_splits, opts_l).table
         t = t[(t.model == "trained") & t.metric.isin(PROBE_METRICS)]
         return t[["layer", "split", "metric", "value", "n"]].to_dict("records")
 
@@ -364,7 +280,7 @@ def erase_position(
         leace = erasers[layer]
         rank = eraser_rank(leace)
         control = random_subspace_eraser(
-            model.cfg.d_model, rank, leace.bias, seed=control_seed + 1000 * layer
+            model.cfg.d_model, rank, leace.bias, seed=opts.control_seed + 1000 * layer
         )
         for cond, eraser in (("leace", leace), ("random", control)):
             with erasing(model, hook_name, eraser):
@@ -379,11 +295,11 @@ def erase_position(
     table["delta"] = table.value.to_numpy() - base.reindex(key).to_numpy()
     table = table[TABLE_COLUMNS].sort_values(["layer", "condition", "split", "metric"])
     meta = {
-        "title": title or describe(mi, "Position erasure"),
+        "title": opts.title or describe(mi, "Position erasure"),
         "hook": hook,
-        "concept": concept,
-        "erase_fraction": erase_fraction,
-        "control_seed": control_seed,
+        "concept": opts.concept,
+        "erase_fraction": fraction,
+        "control_seed": opts.control_seed,
         "n_classes": n_classes,
         "leace": "concept_erasure.LeaceFitter defaults (shrinkage, trace constraint, svd_tol)",
         "seed": seed,
@@ -393,6 +309,23 @@ def erase_position(
         "n_seq_fit": len(parts["fit"]),
     }
     return ErasureResult(table.reset_index(drop=True), meta)
+
+
+erase_position = analysis_front(
+    run_erase_position,
+    ErasureOptions,
+    name="erase_position",
+    purpose="probe",
+    doc="""Erase position at each layer (LEACE, and a same-rank random control); see the module
+docstring for the sets, conditions and metrics.
+
+`model`: a HookedTransformer, a Checkpoint or a checkpoint path. `data`: anything
+`nopeinterp.data.make_sequences` takes, as for `probe_position`; None = the checkpoint's
+own task (`n_train` train-pool sequences, `n_eval` held-out ID and OOD ones). Task metrics
+(exact match, target loss) need task data and `task_metrics=True`. Options
+(`nopeinterp.options.ErasureOptions`): `options=` or any of its fields.
+""",
+)
 
 
 __all__ = [
@@ -405,4 +338,5 @@ __all__ = [
     "fit_position_erasers",
     "position_concept",
     "random_subspace_eraser",
+    "run_erase_position",
 ]

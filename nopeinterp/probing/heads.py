@@ -42,14 +42,15 @@ specific patterns first: a previous-token head is also local and distance-based.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 
-from nopeinterp.data import as_model, describe, make_sequences
-from nopeinterp.probing._stream import attention_batches, row_blocks
+from nopeinterp.data import Splits
+from nopeinterp.inputs import ModelInput, analysis_front, describe
+from nopeinterp.options import HeadOptions, layer_list
+from nopeinterp.probing._stream import attention_groups
 from nopeinterp.probing.distance import DistanceDesign, DistanceStats
 from nopeinterp.results import Result
 
@@ -170,37 +171,22 @@ class PatternStats:
         }
 
 
-def _layers(model, layers) -> list[int]:
-    n_layers = model.cfg.n_layers
-    layers = list(range(n_layers)) if layers is None else sorted({int(x) for x in layers})
-    for layer in layers:
-        if not 0 <= layer < n_layers:
-            raise ValueError(f"layer {layer} out of range 0..{n_layers - 1}")
-    return layers
-
-
 def _attention_stats(
-    model,
-    data,
+    mi: ModelInput,
+    sets: Splits,
+    opts: HeadOptions,
     *,
-    layers,
     with_scores: bool,
-    batch_size: int,
-    max_cache_mb: float,
-    progress: bool,
     desc: str,
     min_keys: int = MIN_KEYS,
-    **set_kwargs,
 ):
-    """{split: {layer: (PatternStats, DistanceStats | None)}}, the sequence sets and the
-    ModelInput."""
-    mi = as_model(model)
+    """{split: {layer: (PatternStats, DistanceStats | None)}} and the layers, on resolved
+    inputs."""
     model = mi.model
     if isinstance(model, torch.nn.Module):
         model.eval()
     H = model.cfg.n_heads
-    layers = _layers(model, layers)
-    sets = make_sequences(data, mi, purpose="analysis", **set_kwargs)
+    layers = layer_list(opts.layers, 0, model.cfg.n_layers - 1)
     if not sets:
         raise ValueError("no sequences this model can read")
     out = {}
@@ -210,18 +196,9 @@ def _attention_stats(
             layer: (PatternStats(H), DistanceStats(H, design) if with_scores else None)
             for layer in layers
         }
-        for _, mask, attention, group in attention_batches(
-            model,
-            s,
-            layers,
-            batch_size=batch_size,
-            scores=with_scores,
-            max_cache_mb=max_cache_mb,
-            progress=progress,
-            desc=f"{desc}: {split}",
+        for real, blocks, attention, group in attention_groups(
+            model, s, layers, opts, scores=with_scores, desc=f"{desc}: {split}"
         ):
-            real = mask.bool()
-            blocks = row_blocks(*mask.shape[:1], H, mask.shape[1])
 
             def valid(r0, r1, real=real):
                 q = torch.arange(r0, r1)
@@ -230,11 +207,11 @@ def _attention_stats(
                 )
 
             if with_scores and group[0] == layers[0]:  # a new batch (its first group)
-                design.update_batch(valid, blocks, mask.shape[1])
+                design.update_batch(valid, blocks, real.shape[1])
             for layer in group:
                 pst, dst = stats[layer]
                 if with_scores:
-                    dst.reserve(mask.shape[1])
+                    dst.reserve(real.shape[1])
                 for r0, r1 in blocks:
                     scores, pattern = attention.rows(layer, r0, r1)
                     pst.update_rows(pattern.cpu(), real, r0)
@@ -242,7 +219,14 @@ def _attention_stats(
                         dst.update_rows(scores.cpu(), valid(r0, r1), r0)
                 attention.release(layer)
         out[split] = stats
-    return out, sets, mi
+    return out, layers
+
+
+def _each_layer(stats):
+    """(split, layer, PatternStats, DistanceStats | None) of `_attention_stats`'s result."""
+    for split, per_layer in stats.items():
+        for layer, (pst, dst) in per_layer.items():
+            yield split, layer, pst, dst
 
 
 def _meta(sets, layers, title) -> dict:
@@ -269,134 +253,48 @@ class SinkResult(Result):
         """Per (split, layer, head): mean first-token mass and the entropy slope on log(n)."""
         return self.dilution.set_index(["split", "layer", "head"])[["first_mass", "entropy_slope"]]
 
-    def figure(self, split: str | None = None):
-        """First-token mass (left) and entropy with uniform's log(n) (right) against the
-        number of keys of the row, one line per head (colour = layer)."""
-        import plotly.colors
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
 
-        t = self.table
-        split = split or (t.split.iloc[0] if len(t) else None)
-        t = t[t.split == split]
-        fig = make_subplots(
-            rows=1,
-            cols=2,
-            subplot_titles=["mass on the first token", "attention entropy (nats)"],
-        )
-        layers = sorted(t.layer.unique())
-        palette = plotly.colors.qualitative.Plotly
-        for (layer, head), d in t.groupby(["layer", "head"]):
-            d = d.sort_values("n_keys")
-            color = palette[layers.index(layer) % len(palette)]
-            for col, y in ((1, "first_mass"), (2, "entropy")):
-                fig.add_trace(
-                    go.Scatter(
-                        x=d.n_keys,
-                        y=d[y],
-                        mode="lines",
-                        line=dict(color=color, width=1.5),
-                        name=f"L{layer} H{head}",
-                        legendgroup=f"L{layer} H{head}",
-                        showlegend=col == 1,
-                    ),
-                    row=1,
-                    col=col,
-                )
-        ref = t.drop_duplicates("n_keys").sort_values("n_keys")
-        fig.add_trace(
-            go.Scatter(
-                x=ref.n_keys,
-                y=ref.uniform_entropy,
-                mode="lines",
-                line=dict(color="black", dash="dash"),
-                name="uniform: log(n)",
-            ),
-            row=1,
-            col=2,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=ref.n_keys,
-                y=1 / ref.n_keys,
-                mode="lines",
-                line=dict(color="black", dash="dash"),
-                name="uniform: 1/n",
-            ),
-            row=1,
-            col=1,
-        )
-        fig.update_xaxes(title_text="keys in the row (n = query position + 1)")
-        fig.update_layout(title=f"{self.meta.get('title') or self.title} ({split})")
-        return fig
-
-
-def attention_sinks(
-    model,
-    data=None,
-    *,
-    layers: Sequence[int] | None = None,
-    batch_size: int = 16,
-    progress: bool = True,
-    id_lengths: tuple[int, int] | None = None,
-    ood_lengths: tuple[int, int] | None = None,
-    attention_mask: torch.Tensor | None = None,
-    lengths: torch.Tensor | None = None,
-    tokenizer=None,
-    n_eval: int = 128,
-    seed: int = 0,
-    max_cache_mb: float = 256,
-    title: str | None = None,
-) -> SinkResult:
-    """First-token mass and attention entropy per (split, layer, head, row length n).
-
-    `model`: a HookedTransformer, a Checkpoint or a path. `data`: anything
-    `nopeinterp.data.make_sequences` takes (None: the checkpoint's task, `n_eval` held-out ID
-    and OOD sequences), as for `distance_dependence`. See the module docstring for what
-    "length" is (keys per row).
-    """
-    stats, sets, mi = _attention_stats(
-        model,
-        data,
-        layers=layers,
-        with_scores=False,
-        batch_size=batch_size,
-        max_cache_mb=max_cache_mb,
-        progress=progress,
-        desc="sinks",
-        id_lengths=id_lengths,
-        ood_lengths=ood_lengths,
-        attention_mask=attention_mask,
-        lengths=lengths,
-        tokenizer=tokenizer,
-        n_eval=n_eval,
-        seed=seed,
-    )
+def run_attention_sinks(mi: ModelInput, sets: Splits, opts: HeadOptions) -> SinkResult:
+    """`attention_sinks` on resolved inputs (`sets` of `mi`)."""
+    stats, layers = _attention_stats(mi, sets, opts, with_scores=False, desc="sinks")
     rows = []
-    for split, per_layer in stats.items():
-        for layer, (pst, _) in per_layer.items():
-            m = pst.means()
-            for i in (pst.count > 0).nonzero().flatten().tolist():
-                n = i + 1
-                for h in range(pst.H):
-                    ent = float(m["entropy"][h, i])
-                    rows.append(
-                        {
-                            "split": split,
-                            "layer": layer,
-                            "head": h,
-                            "n_keys": n,
-                            "first_mass": float(m["first"][h, i]),
-                            "entropy": ent,
-                            "uniform_entropy": math.log(n),
-                            "entropy_ratio": ent / math.log(n) if n > 1 else float("nan"),
-                            "n_rows": int(pst.count[i]),
-                        }
-                    )
-    meta = _meta(sets, list(next(iter(stats.values()))), title or describe(mi, "Attention sinks"))
+    for split, layer, pst, _ in _each_layer(stats):
+        m = pst.means()
+        for i in (pst.count > 0).nonzero().flatten().tolist():
+            n = i + 1
+            for h in range(pst.H):
+                ent = float(m["entropy"][h, i])
+                rows.append(
+                    {
+                        "split": split,
+                        "layer": layer,
+                        "head": h,
+                        "n_keys": n,
+                        "first_mass": float(m["first"][h, i]),
+                        "entropy": ent,
+                        "uniform_entropy": math.log(n),
+                        "entropy_ratio": ent / math.log(n) if n > 1 else float("nan"),
+                        "n_rows": int(pst.count[i]),
+                    }
+                )
+    meta = _meta(sets, layers, opts.title or describe(mi, "Attention sinks"))
     meta["length"] = "n_keys: keys visible to the query (query position + 1), rows pooled"
     table = pd.DataFrame(rows, columns=SINK_COLUMNS)
     return SinkResult(table, meta, dilution=_dilution(table))
+
+
+attention_sinks = analysis_front(
+    run_attention_sinks,
+    HeadOptions,
+    name="attention_sinks",
+    doc="""First-token mass and attention entropy per (split, layer, head, row length n).
+
+`model`: a HookedTransformer, a Checkpoint or a path. `data`: anything
+`nopeinterp.data.make_sequences` takes (None: the checkpoint's task, `n_eval` held-out ID
+and OOD sequences), as for `distance_dependence`. See the module docstring for what
+"length" is (keys per row).
+""",
+)
 
 
 def _dilution(table: pd.DataFrame) -> pd.DataFrame:
@@ -455,106 +353,32 @@ class HeadTaxonomy(Result):
         split = split or t.split.iloc[0]
         return t[t.split == split].pivot(index="layer", columns="head", values="label")
 
-    def figure(self, split: str | None = None):
-        """Layer x head grid coloured by label, every score in the hover text."""
-        import plotly.graph_objects as go
 
-        t = self.table
-        split = split or t.split.iloc[0]
-        t = t[t.split == split]
-        code = {k: i for i, k in enumerate(KINDS)}
-        z = t.pivot(index="layer", columns="head", values="label")
-        hover = t.assign(
-            text=t.apply(
-                lambda r: (
-                    f"L{r.layer} H{r['head']}: {r.label}<br>"
-                    + "<br>".join(f"{k} {r[k]:.3f}" for k in KINDS)
-                ),
-                axis=1,
-            )
-        ).pivot(index="layer", columns="head", values="text")
-        fig = go.Figure(
-            go.Heatmap(
-                z=z.apply(lambda col: col.map(code)).astype(float).values,
-                x=[f"head {h}" for h in z.columns],
-                y=[f"layer {lay}" for lay in z.index],
-                text=z.values,
-                texttemplate="%{text}",
-                hovertext=hover.values,
-                hoverinfo="text",
-                zmin=0,
-                zmax=len(KINDS) - 1,
-                colorscale="Turbo",
-                showscale=False,
-            )
-        )
-        fig.update_yaxes(autorange="reversed")
-        fig.update_layout(title=f"{self.meta.get('title') or self.title} ({split})")
-        return fig
-
-
-def classify_heads(
-    model,
-    data=None,
-    *,
-    layers: Sequence[int] | None = None,
-    batch_size: int = 16,
-    progress: bool = True,
-    id_lengths: tuple[int, int] | None = None,
-    ood_lengths: tuple[int, int] | None = None,
-    attention_mask: torch.Tensor | None = None,
-    lengths: torch.Tensor | None = None,
-    tokenizer=None,
-    n_eval: int = 128,
-    seed: int = 0,
-    max_cache_mb: float = 256,
-    title: str | None = None,
-) -> HeadTaxonomy:
-    """Score and label every head (sink, previous_token, local, uniform, distance, content).
-
-    `model` and `data` as for `attention_sinks`. Scores, thresholds and the labelling rule: module
-    docstring (named constants THRESHOLDS, LABEL_ORDER, LOCAL_WINDOW, MIN_KEYS).
-    """
-    stats, sets, mi = _attention_stats(
-        model,
-        data,
-        layers=layers,
-        with_scores=True,
-        batch_size=batch_size,
-        max_cache_mb=max_cache_mb,
-        progress=progress,
-        desc="heads",
-        id_lengths=id_lengths,
-        ood_lengths=ood_lengths,
-        attention_mask=attention_mask,
-        lengths=lengths,
-        tokenizer=tokenizer,
-        n_eval=n_eval,
-        seed=seed,
-    )
+def run_classify_heads(mi: ModelInput, sets: Splits, opts: HeadOptions) -> HeadTaxonomy:
+    """`classify_heads` on resolved inputs (`sets` of `mi`)."""
+    stats, layers = _attention_stats(mi, sets, opts, with_scores=True, desc="heads")
     rows = []
-    for split, per_layer in stats.items():
-        for layer, (pst, dst) in per_layer.items():
-            lifts = pst.lifts()
-            r2, _ = dst.solve()
-            for h in range(pst.H):
-                constant = not float(dst.ss_tot[h]) > 0  # no logit variation to explain
-                dist = 0.0 if constant else float(r2[h])
-                scores = {k: float(lifts[k][h]) for k in ("sink", "previous_token", "local")}
-                scores["uniform"] = float(lifts["uniform"][h])
-                scores["distance"] = dist
-                scores["content"] = 0.0 if constant else 1.0 - dist
-                rows.append(
-                    {
-                        "split": split,
-                        "layer": layer,
-                        "head": h,
-                        **scores,
-                        "label": label_head(scores),
-                        "n_rows": lifts["n_rows"],
-                    }
-                )
-    meta = _meta(sets, list(next(iter(stats.values()))), title or describe(mi, "Head taxonomy"))
+    for split, layer, pst, dst in _each_layer(stats):
+        lifts = pst.lifts()
+        r2, _ = dst.solve()
+        for h in range(pst.H):
+            constant = not float(dst.ss_tot[h]) > 0  # no logit variation to explain
+            dist = 0.0 if constant else float(r2[h])
+            scores = {k: float(lifts[k][h]) for k in ("sink", "previous_token", "local")}
+            scores["uniform"] = float(lifts["uniform"][h])
+            scores["distance"] = dist
+            scores["content"] = 0.0 if constant else 1.0 - dist
+            rows.append(
+                {
+                    "split": split,
+                    "layer": layer,
+                    "head": h,
+                    **scores,
+                    "label": label_head(scores),
+                    "n_rows": lifts["n_rows"],
+                }
+            )
+    meta = _meta(sets, layers, opts.title or describe(mi, "Head taxonomy"))
     meta.update(
         thresholds=THRESHOLDS,
         label_order=list(LABEL_ORDER),
@@ -562,6 +386,18 @@ def classify_heads(
         min_keys=MIN_KEYS,
     )
     return HeadTaxonomy(pd.DataFrame(rows, columns=TAXONOMY_COLUMNS), meta)
+
+
+classify_heads = analysis_front(
+    run_classify_heads,
+    HeadOptions,
+    name="classify_heads",
+    doc="""Score and label every head (sink, previous_token, local, uniform, distance, content).
+
+`model` and `data` as for `attention_sinks`. Scores, thresholds and the labelling rule: module
+docstring (named constants THRESHOLDS, LABEL_ORDER, LOCAL_WINDOW, MIN_KEYS).
+""",
+)
 
 
 __all__ = [
@@ -581,4 +417,6 @@ __all__ = [
     "attention_sinks",
     "classify_heads",
     "label_head",
+    "run_attention_sinks",
+    "run_classify_heads",
 ]

@@ -40,12 +40,14 @@ from typing import ClassVar
 import pandas as pd
 import torch
 
-from nopeinterp.data import Sequences, as_model, describe, make_sequences
+from nopeinterp.data import Sequences, Splits
+from nopeinterp.hooks import act_name
+from nopeinterp.inputs import ModelInput, analysis_front, describe
+from nopeinterp.options import HOOKS, ProbeOptions, layer_list
 from nopeinterp.probing._stream import stream
 from nopeinterp.probing.ridge import DEFAULT_ALPHAS, RidgePath, RidgeProbe, RidgeStats, select_alpha
 from nopeinterp.results import Result
 
-HOOKS = ("resid_post", "resid_mid", "attn_out", "mlp_out")
 METRICS = ("r2", "mae", "accuracy")
 MODELS = ("trained", "random_init", "shuffled", "constant")
 TABLE_COLUMNS = ["model", "layer", "layer_pe", "hook", "hook_name", "split", "metric", "value", "n"]
@@ -56,17 +58,9 @@ def probe_layers(n_layers: int, hook: str = "resid_post", layers=None) -> dict[i
     if hook not in HOOKS:
         raise ValueError(f"unknown hook {hook!r}; choose one of {', '.join(HOOKS)}")
     lo = 0 if hook == "resid_post" else 1
-    if layers is None:
-        layers = range(lo, n_layers + 1)
     out = {}
-    for layer in layers:
-        layer = int(layer)
-        if not lo <= layer <= n_layers:
-            raise ValueError(f"layer {layer} out of range {lo}..{n_layers} for hook {hook!r}")
-        if layer == 0:
-            out[layer] = "blocks.0.hook_resid_pre"
-        else:
-            out[layer] = f"blocks.{layer - 1}.hook_{hook}"
+    for layer in layer_list(layers, lo, n_layers, f" for hook {hook!r}"):
+        out[layer] = act_name("resid_pre", 0) if layer == 0 else act_name(hook, layer - 1)
     return dict(sorted(out.items()))
 
 
@@ -130,26 +124,6 @@ class ProbeResult(Result):
         ]
         p = t.pivot_table(index="layer", columns="column", values="value", aggfunc="first")
         return p[[c for c in order if c in p.columns]]
-
-    def figure(self, metrics: Sequence[str] = METRICS):
-        from nopeinterp.viz.probing import probe_figure
-
-        return probe_figure(self.table, metrics=metrics, title=self.meta.get("title"))
-
-    def html_sections(self) -> list:
-        notes = (
-            "<p>Linear probes for absolute position (0 = &lt;bos&gt;). r2/mae: ridge regression; "
-            "accuracy: one-hot ridge (least-squares) classifier, positions beyond the largest "
-            "training position count as wrong. Baselines: random_init (fresh model, same "
-            "config), shuffled (probe on permuted labels), constant (train mean / mode).</p>"
-        )
-        meta = pd.DataFrame({"key": list(self.meta), "value": [str(v) for v in self.meta.values()]})
-        return [
-            ("Probe metrics per layer", self.figure()),
-            ("Summary", notes),
-            ("Table (layers x split/metric)", self.pivot(metrics=METRICS).reset_index()),
-            ("Settings", meta),
-        ]
 
 
 def _fit_and_eval(
@@ -321,69 +295,22 @@ def _constant_rows(sets, layers) -> list[dict]:
     return rows
 
 
-def probe_position(
-    model,
-    data=None,
-    *,
-    layers: Sequence[int] | None = None,
-    hook: str = "resid_post",
-    id_lengths: tuple[int, int] | None = None,
-    ood_lengths: tuple[int, int] | None = None,
-    random_baseline: bool = True,
-    shuffle_control: bool = True,
-    batch_size: int = 64,
-    seed: int = 0,
-    progress: bool = True,
-    attention_mask: torch.Tensor | None = None,
-    lengths: torch.Tensor | None = None,
-    tokenizer=None,
-    n_train: int = 512,
-    n_eval: int = 256,
-    alphas: Sequence[float] = DEFAULT_ALPHAS,
-    random_init_seed: int | None = None,
-    max_cache_mb: float = 256,
-    title: str | None = None,
-) -> ProbeResult:
-    """Probe every layer of `model` for absolute position; see the module docstring.
-
-    `model`: a HookedTransformer, a Checkpoint or a checkpoint path. `data`: anything
-    `nopeinterp.data.make_sequences` takes; None = the checkpoint's own task (then `n_train`
-    train-pool and `n_eval` held-out sequences per split, lengths from `id_lengths` /
-    `ood_lengths` or the task's). Token data are split by their `lengths` (task length, else
-    token count): ID = within `id_lengths` (all, if neither range is given), OOD = within
-    `ood_lengths` (or longer than the ID range); ID sequences are split 20% held-out ID / 80%
-    probe training (of which 20% choose alpha), seeded by `seed`. The random-init baseline
-    is a fresh model of the same config (`random_init_seed`, default the model's seed + 1).
-    """
-    for name, value in (("n_train", n_train), ("n_eval", n_eval), ("batch_size", batch_size)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+def run_probe_position(mi: ModelInput, sets: Splits, opts: ProbeOptions) -> ProbeResult:
+    """The probes on resolved inputs: "fit", "val", "ID" (and "OOD") `sets` of `mi`."""
     from nopeinterp.models.fresh import random_init_like
 
-    mi = as_model(model)
     model = mi.model
     if isinstance(model, torch.nn.Module):
         model.eval()
-    layer_hooks = probe_layers(model.cfg.n_layers, hook, layers)
-    sets = make_sequences(
-        data,
-        mi,
-        purpose="probe",
-        attention_mask=attention_mask,
-        lengths=lengths,
-        tokenizer=tokenizer,
-        id_lengths=id_lengths,
-        ood_lengths=ood_lengths,
-        n_train=n_train,
-        n_eval=n_eval,
-        seed=seed,
-    )
+    hook, seed = opts.hook, opts.seed
+    alphas = DEFAULT_ALPHAS if opts.alphas is None else opts.alphas
+    layer_hooks = probe_layers(model.cfg.n_layers, hook, opts.layers)
     if "ID" not in sets:
         raise ValueError("no held-out ID sequences to evaluate the probe on")
     empty = [n for n in ("fit", "val") if n not in sets or len(sets[n]) == 0]
     if empty:
         raise ValueError(
-            f"too few probe-training sequences (n_train={n_train}): the {empty[0]!r} set is "
+            f"too few probe-training sequences (n_train={opts.n_train}): the {empty[0]!r} set is "
             "empty, and the probe needs sequences to fit on and to choose alpha with"
         )
     train_masks = [sets[n].attention_mask for n in ("fit", "val")]
@@ -391,11 +318,11 @@ def probe_position(
     common = dict(
         n_classes=n_classes,
         alphas=alphas,
-        batch_size=batch_size,
-        max_cache_mb=max_cache_mb,
-        progress=progress,
+        batch_size=opts.batch_size,
+        max_cache_mb=opts.max_cache_mb,
+        progress=opts.progress,
     )
-    shuf = _shuffled_labels(sets, ("fit", "val"), seed) if shuffle_control else None
+    shuf = _shuffled_labels(sets, ("fit", "val"), seed) if opts.shuffle_control else None
     rows, alpha_rows, probes = _fit_and_eval(
         model, sets, layer_hooks, shuffled_labels=shuf, label="trained", **common
     )
@@ -405,11 +332,11 @@ def probe_position(
         "n_classes": n_classes,
         "alphas": list(alphas),
         "seed": seed,
-        "title": title or describe(mi, "Position probe"),
+        "title": opts.title or describe(mi, "Position probe"),
         **sets.meta(),
     }
-    if random_baseline:
-        fresh = random_init_like(model, random_init_seed)
+    if opts.random_baseline:
+        fresh = random_init_like(model, opts.random_init_seed)
         meta["random_init_seed"] = fresh.cfg.seed
         r_rows, r_alpha, r_probes = _fit_and_eval(
             fresh, sets, layer_hooks, shuffled_labels=None, label="random_init", **common
@@ -436,10 +363,32 @@ def probe_position(
     )
 
 
+probe_position = analysis_front(
+    run_probe_position,
+    ProbeOptions,
+    name="probe_position",
+    purpose="probe",
+    doc="""Probe every layer of `model` for absolute position; see the module docstring.
+
+`model`: a HookedTransformer, a Checkpoint or a checkpoint path. `data`: anything
+`nopeinterp.data.make_sequences` takes; None = the checkpoint's own task (then `n_train`
+train-pool and `n_eval` held-out sequences per split, lengths from `id_lengths` /
+`ood_lengths` or the task's). Token data are split by their `lengths` (task length, else
+token count): ID = within `id_lengths` (all, if neither range is given), OOD = within
+`ood_lengths` (or longer than the ID range); ID sequences are split 20% held-out ID / 80%
+probe training (of which 20% choose alpha), seeded by `seed`. The random-init baseline
+is a fresh model of the same config (`random_init_seed`, default the model's seed + 1).
+Options (`nopeinterp.options.ProbeOptions`): pass `options=` or any of its fields, e.g.
+`n_train=64, layers=[0, 1]`.
+""",
+)
+
+
 __all__ = [
     "HOOKS",
     "METRICS",
     "ProbeResult",
     "probe_layers",
     "probe_position",
+    "run_probe_position",
 ]

@@ -61,18 +61,6 @@ class RegionResult(Result):
         )
         return p[[r for r in REGIONS if r in p.columns]]
 
-    def figure(self):
-        from nopeinterp.viz.regions import region_figure
-
-        return region_figure(self.by_layer)
-
-    def html_sections(self) -> list:
-        return [
-            (self.meta.get("title") or self.title, self.figure()),
-            ("Mean over heads", self.by_layer),
-            ("Per head", self.table),
-        ]
-
     @classmethod
     def concat(cls, results) -> RegionResult:
         """Several models' results as one (their tables stacked)."""

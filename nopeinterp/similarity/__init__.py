@@ -5,6 +5,7 @@
 - the paper's inputs: `nopeinterp.data.make_sequences(task, n_per_length=10)`.
 - `compare_attention(nope, refs, data)`: bootstrap table, ranking, figures, HTML report.
 - the report's attention-mass-by-distance profile comes from nopeinterp.probing.distance.
+- `explorer_data(models, examples)`: attention patterns for the explorer (drawn by viz).
 """
 
 from nopeinterp.similarity.compare import (
@@ -23,6 +24,7 @@ from nopeinterp.similarity.divergence import (
     paper_head_pairs,
     reduce_heads,
 )
+from nopeinterp.similarity.explorer import explorer_data
 from nopeinterp.similarity.jsd import jsd, paper_jsd
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "bootstrap_ci",
     "compare_attention",
     "distance_profile",
+    "explorer_data",
     "head_pair_divergence",
     "jsd",
     "paper_head_pairs",

@@ -10,7 +10,6 @@ the paper compares against; it is included as ref "nope_prime".
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -19,7 +18,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from nopeinterp.data import as_model, make_sequences, max_positions
+from nopeinterp.data import Splits, as_splits, make_sequences, max_positions
+from nopeinterp.inputs import ModelInput, as_model
+from nopeinterp.options import CompareOptions, DistanceOptions
 from nopeinterp.results import Result
 from nopeinterp.similarity.divergence import (
     attention_patterns,
@@ -105,47 +106,6 @@ class ComparisonResult(Result):
     def reducer(self) -> str:
         return self.meta.get("reducer", "min")
 
-    def figure(self):
-        """Plotly figure: divergence per layer per ref (left), ID vs OOD bars (right)."""
-        from nopeinterp.viz.similarity import comparison_figure
-
-        return comparison_figure(self.table, metric=self.metric)
-
-    def html_sections(self) -> list:
-        from nopeinterp.viz.similarity import (
-            attention_heatmaps,
-            distance_figure,
-            layer_figure,
-            split_bars,
-        )
-
-        label = "JSD (nats)" if self.metric == "jsd" else "paper_jsd"
-        intro = (
-            f"<p>metric: <b>{html.escape(self.metric)}</b>, head reduction: "
-            f"<b>{html.escape(self.reducer)}</b>. Mean over examples with 95% bootstrap CIs "
-            "(over examples); 'all' averages each example's layers first. Lower = attends "
-            "more like NoPE. <code>nope_prime</code> (a second NoPE seed) is the noise floor."
-            "</p>"
-        )
-        sections = [
-            ("Setup", intro),
-            ("Ranking (closest to NoPE first)", self.ranking),
-            ("Divergence per layer", layer_figure(self.table, metric=label)),
-            ("ID vs OOD", split_bars(self.table, metric=label)),
-        ]
-        pats, layer = self.example_patterns, self.example_layer
-        if "nope" in pats:
-            for ref, pattern in pats.items():
-                if ref == "nope":
-                    continue
-                fig = attention_heatmaps(pats["nope"], pattern, layer, names=("nope", ref))
-                sections.append((f"Attention: nope vs {ref} (layer {layer}, example 0)", fig))
-        if len(self.profile):
-            sections.append(
-                ("Attention mass by distance (example 0)", distance_figure(self.profile))
-            )
-        return sections
-
     def save(self, out_dir, name: str | None = None, *, title: str | None = None, html=True):
         """Write the tables (per_example, ranking, table), meta and report.html into out_dir."""
         if title is not None:
@@ -156,14 +116,15 @@ class ComparisonResult(Result):
 def distance_profile(models: Mapping, tokens: torch.Tensor) -> pd.DataFrame:
     """Tidy (model, layer, distance, mass): attention mass at distance n - m, mean over heads.
 
-    Uses `nopeinterp.probing.distance.distance_dependence` (mass averaged over valid query
+    Uses `nopeinterp.probing.distance.run_distance_dependence` (mass averaged over valid query
     rows, summing to 1 over distances); layer "all" averages the layers. `tokens`: [T].
     """
-    from nopeinterp.probing.distance import distance_dependence
+    from nopeinterp.probing.distance import run_distance_dependence
 
+    sets, opts = make_sequences(tokens.reshape(1, -1)), DistanceOptions(progress=False)
     frames = []
     for name, model in models.items():
-        mass = distance_dependence(model, tokens.reshape(1, -1), progress=False).mass
+        mass = run_distance_dependence(as_model(model, name), as_splits(sets, model), opts).mass
         per_layer = mass.groupby(["layer", "distance"], as_index=False)["mass"].mean()
         overall = per_layer.groupby("distance", as_index=False)["mass"].mean()
         both = pd.concat([per_layer.astype({"layer": object}), overall.assign(layer="all")])
@@ -202,19 +163,8 @@ def compare_attention(
     data=None,
     *,
     nope_prime=None,
-    heads: str = "min",
-    paper_compat: bool = False,
-    include_first_row: bool | None = None,
-    n_boot: int = 1000,
-    seed: int = 0,
-    batch_size: int = 32,
-    layers=None,
-    n_per_length: int = 10,
-    id_lengths: tuple[int, int] | None = None,
-    ood_lengths: tuple[int, int] | None = None,
-    example_layer: int = 0,
-    progress: bool = True,
-    title: str | None = None,
+    options: CompareOptions | None = None,
+    **changes,
 ) -> ComparisonResult:
     """Rank reference models by how close their attention is to NoPE's.
 
@@ -228,15 +178,18 @@ def compare_attention(
     task examples). A model with a learned position table is compared on the sequences it
     can read (counted in meta["dropped"]).
     Raises ValueError if a model's vocabulary, tokenizer or task differs from NoPE's.
+    Options (`nopeinterp.options.CompareOptions`): `options=` or any of its fields.
     """
     if not refs:
         raise ValueError("refs is empty: give at least one reference model")
-    base = as_model(nope, "nope")
-    loaded = {name: as_model(obj, name) for name, obj in refs.items()}
+    opts = CompareOptions.make(options, **changes)
+    device = opts.device
+    base = as_model(nope, "nope", device=device)
+    loaded = {name: as_model(obj, name, device=device) for name, obj in refs.items()}
     if NOPE_PRIME in loaded:
         raise ValueError(f"{NOPE_PRIME!r} is reserved for nope_prime=")
     if nope_prime is not None:
-        loaded[NOPE_PRIME] = as_model(nope_prime, NOPE_PRIME)
+        loaded[NOPE_PRIME] = as_model(nope_prime, NOPE_PRIME, device=device)
     for name, mi in (("nope", base), (NOPE_PRIME, loaded.get(NOPE_PRIME, base))):
         # one of ours must have NoPE layers (a SmolLM3-style mix does); a plain
         # HookedTransformer is taken as given
@@ -252,11 +205,18 @@ def compare_attention(
     sets = make_sequences(
         data,
         base,
-        n_per_length=n_per_length,
-        id_lengths=id_lengths,
-        ood_lengths=ood_lengths,
-        seed=seed,
+        n_per_length=opts.n_per_length,
+        id_lengths=opts.id_lengths,
+        ood_lengths=opts.ood_lengths,
+        seed=opts.seed,
     )
+    return run_compare_attention(base, loaded, sets, opts)
+
+
+def run_compare_attention(
+    base: ModelInput, loaded: Mapping[str, ModelInput], sets: Splits, opts: CompareOptions
+) -> ComparisonResult:
+    """The comparison on resolved inputs: NoPE (`base`), the other models by name, `sets`."""
     # Each group of models that read the same number of positions sees what it can read.
     groups: dict = {}
     for name, other in loaded.items():
@@ -275,12 +235,12 @@ def compare_attention(
                 base.model,
                 models,
                 group_sets,
-                heads=heads,
-                paper_compat=paper_compat,
-                include_first_row=include_first_row,
-                batch_size=batch_size,
-                layers=layers,
-                progress=progress,
+                heads=opts.heads,
+                paper_compat=opts.paper_compat,
+                include_first_row=opts.include_first_row,
+                batch_size=opts.batch_size,
+                layers=opts.layers,
+                progress=opts.progress,
             )
         )
     if not frames:
@@ -288,21 +248,21 @@ def compare_attention(
     frames = {name: frames[name] for name in loaded if name in frames}
     per_example = pd.concat([f.assign(ref=name) for name, f in frames.items()], ignore_index=True)
     per_example = per_example[["ref", *[c for c in per_example.columns if c != "ref"]]]
-    table = summarize(per_example, n_boot=n_boot, seed=seed)
+    table = summarize(per_example, n_boot=opts.n_boot, seed=opts.seed)
     first = next(iter(frames.values()))
     models = {"nope": base.model, **{name: other.model for name, other in loaded.items()}}
     tokens = _first_sequence(sets)
     readable = {n: m for n, m in models.items() if _fits(m, len(tokens))}
-    layer = example_layer if example_layer < base.model.cfg.n_layers else 0
+    layer = opts.example_layer if opts.example_layer < base.model.cfg.n_layers else 0
     meta = {
-        "title": title or f"NoPE attention similarity: {_task_name(base) or 'data'}",
+        "title": opts.title or f"NoPE attention similarity: {_task_name(base) or 'data'}",
         "metric": str(first["metric"].iloc[0]),
         "reducer": str(first["reducer"].iloc[0]),
         "refs": list(frames),
         "not_compared": [n for n in loaded if n not in frames],
         "dropped": {n: d for n, d in dropped.items() if d},
-        "n_boot": n_boot,
-        "seed": seed,
+        "n_boot": opts.n_boot,
+        "seed": opts.seed,
         **sets.meta(),
     }
     return ComparisonResult(

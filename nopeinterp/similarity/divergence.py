@@ -46,6 +46,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from nopeinterp.data import make_sequences
+from nopeinterp.hooks import act_name
 from nopeinterp.probing._stream import AttentionRows, row_blocks
 from nopeinterp.progress import progress as progress_bar
 from nopeinterp.similarity.jsd import LN2
@@ -246,7 +247,7 @@ PATTERN_CACHE_MB = 512
 
 def pattern_names_filter(layers: Iterable[int]):
     """names_filter admitting only blocks.{l}.attn.hook_pattern for `layers`."""
-    wanted = frozenset(f"blocks.{layer}.attn.hook_pattern" for layer in layers)
+    wanted = frozenset(act_name("pattern", layer) for layer in layers)
     return lambda name: name in wanted
 
 
@@ -263,7 +264,7 @@ def attention_patterns(model, tokens, attention_mask=None, layers=None) -> dict[
             names_filter=pattern_names_filter(layers),
             stop_at_layer=max(layers) + 1,  # later blocks and the unembedding are not needed
         )
-    return {layer: cache[f"blocks.{layer}.attn.hook_pattern"] for layer in layers}
+    return {layer: cache[act_name("pattern", layer)] for layer in layers}
 
 
 def _reducer_for(heads: str, paper_compat: bool, n_a: int, n_b: int, name: str) -> str:
@@ -286,17 +287,17 @@ def _reducer_for(heads: str, paper_compat: bool, n_a: int, n_b: int, name: str) 
 def divergence_frames(
     model_a,
     models_b: Mapping,
-    data,
+    sets: Mapping,
     *,
     heads: str = "min",
     paper_compat: bool = False,
     include_first_row: bool | None = None,
     batch_size: int = 32,
     layers=None,
-    id_lengths: tuple[int, int] | None = None,
     progress: bool = True,
 ) -> dict[str, pd.DataFrame]:
-    """`attention_divergence` of model_a against several models, running model_a once per batch.
+    """`attention_divergence` of model_a against several models, running model_a once per batch,
+    on resolved `sets` (split name -> `Sequences`, e.g. `Splits`).
 
     Returns {name: frame} with the columns of `attention_divergence`.
     """
@@ -316,7 +317,6 @@ def divergence_frames(
         include_first_row = paper_compat  # the official code averages row 0 in
     d_vocab = model_a.cfg.d_vocab
 
-    sets = make_sequences(data, purpose="analysis", id_lengths=id_lengths)
     meta = {"example": [], "length": [], "n_tokens": [], "split": []}
     results = {name: {"value": [], "heads": []} for name in models_b}  # [example][layer]
     bar = progress_bar(
@@ -443,12 +443,11 @@ def attention_divergence(
     return divergence_frames(
         model_a,
         {"model_b": model_b},
-        data,
+        make_sequences(data, purpose="analysis", id_lengths=id_lengths),
         heads=heads,
         paper_compat=paper_compat,
         include_first_row=include_first_row,
         batch_size=batch_size,
         layers=layers,
-        id_lengths=id_lengths,
         progress=progress,
     )["model_b"]

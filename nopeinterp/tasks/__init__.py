@@ -15,52 +15,10 @@ from .encoding import Batch, decode_answer, encode_examples
 from .lego import LegoTask
 from .lists import ParityTask, SortingTask
 from .lm import LMTask
+from .registry import LM_TASK, TASKS, TRAIN_TASKS, get_task, task_tokenizer
 from .scan import ScanTask
 from .splits import PAPER_SPLITS, PaperSplit, paper_split
-from .tokenizer import build_tokenizer, task_tokenizer, tokenizer_from_json, tokenizer_to_json
-
-TASKS = (
-    "copy",
-    "reverse",
-    "addition",
-    "summation",
-    "parity",
-    "sorting",
-    "polynomial",
-    "lego",
-    "scan",
-)
-
-# What `train` takes: the synthetic tasks and language modelling on a corpus (`tasks.lm`).
-LM_TASK = "lm"
-TRAIN_TASKS = (*TASKS, LM_TASK)
-
-_REGISTRY: dict[str, type] = {
-    "copy": CopyTask,
-    "reverse": ReverseTask,
-    "addition": AdditionTask,
-    "summation": SummationTask,
-    "parity": ParityTask,
-    "sorting": SortingTask,
-    "polynomial": PolynomialTask,
-    "lego": LegoTask,
-    "scan": ScanTask,
-    LM_TASK: LMTask,
-}
-
-
-def get_task(name: str, **overrides) -> Task:
-    """Task instance by name; ``overrides`` go to its constructor: ``id_lengths=(2, 10)``,
-    ``ood_lengths``, ``bos`` (False: no start token), and for copy/reverse/scan ``variant``
-    (the paper's splits, ``PAPER_SPLITS``) and for copy/reverse ``alphabet``; "lm" takes
-    ``corpus``, ``context`` and ``vocab_size`` (an `LMTask`, not a `Task`: see `tasks.lm`)."""
-    if name not in _REGISTRY:
-        raise TaskError(f"unknown task {name!r}; valid names: {', '.join(TRAIN_TASKS)}")
-    try:
-        return _REGISTRY[name](**overrides)
-    except TypeError as err:  # an option the task does not take
-        raise TaskError(f"task {name}: bad options {sorted(overrides)}: {err}") from None
-
+from .tokenizer import build_tokenizer, tokenizer_from_json, tokenizer_to_json
 
 __all__ = [
     "PAPER_SPLITS",

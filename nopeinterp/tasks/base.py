@@ -43,17 +43,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nopeinterp.errors import NopeinterpError
+from nopeinterp.errors import NopeinterpError, TaskError  # noqa: F401  (TaskError: re-exported)
 
 SPLITS = ("train", "val", "test")
 HELD_OUT_PERCENT = 10
 MAX_TRIES_PER_LENGTH = 200
 
 LengthSpec = int | tuple[int, int] | Iterable[int] | None
-
-
-class TaskError(NopeinterpError, ValueError):
-    """A bad task name, option or request (the CLI prints it as one line, exit status 2)."""
 
 
 @dataclass(frozen=True)

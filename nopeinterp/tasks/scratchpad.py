@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import TaskError
+from nopeinterp.errors import TaskError
 
 COMPONENTS = "icovr"
 COMPONENT_NAMES = {

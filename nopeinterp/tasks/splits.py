@@ -22,7 +22,7 @@ class PaperSplit:
     paper_split: str = ""  # e.g. "cmc_tr20_ts40"
 
     def task(self) -> Task:
-        from . import get_task
+        from .registry import get_task
 
         return get_task(self.task_name, **self.options)
 

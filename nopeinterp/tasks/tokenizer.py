@@ -87,16 +87,6 @@ def build_tokenizer(words: Iterable[str], *, bos: bool = True) -> PreTrainedToke
     return _wrap(backend, bos)
 
 
-def task_tokenizer(task) -> PreTrainedTokenizerFast:
-    """Tokenizer covering one task's vocabulary and its start-token choice (``task.bos``);
-    ``task`` is a Task or a task name."""
-    if isinstance(task, str):
-        from . import get_task
-
-        task = get_task(task)
-    return build_tokenizer(task.vocab(), bos=task.bos)
-
-
 def tokenizer_to_json(tok: PreTrainedTokenizerFast) -> str:
     """Serialise a tokenizer from :func:`build_tokenizer` or :func:`wrap_bpe` to a plain JSON
     string (a BPE one is marked ``"kind": "byte-bpe"``)."""

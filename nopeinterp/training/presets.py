@@ -12,7 +12,7 @@ A preset is a set of `TrainConfig` values; explicit arguments override it
 - reference: what the shipped checkpoints/ were trained with (checkpoints/README.md):
   4 layers, 4 heads, d_model 128, AdamW lr 2e-3, batch 32, 1,500 steps (2,500 on SCAN),
   validation and training state every 250 steps, saved in float16.
-- repro: the reproduction grid's protocol (analyses/PROTOCOL.md, issue 16): 4 layers, 8 heads,
+- repro: the reproduction grid's protocol (analyses/PROTOCOL.md): 4 layers, 8 heads,
   d_model 128, d_mlp 512, unscaled logits, dropout 0.1, AdamW weight decay 0.05, 6% warmup then
   linear decay, 1,500 steps x 64, validation every 150 steps on `task.eval_set("val")` (25 per
   ID length). Its learning rate (1e-3 here) is a placeholder: the protocol's search picks one

@@ -129,7 +129,7 @@ class SweepPlan:
     overrides: dict = field(default_factory=dict)  # TrainConfig values for every run
     eval_n: int = 100  # examples per length in the record's exact match
     # the record's exact match: "sampled" (eval_n per ID and OOD length, `evaluate`),
-    # "eval_set" (the task's test set, every item once: issue 16's protocol) or "none"
+    # "eval_set" (the task's test set, every item once: the reproduction protocol) or "none"
     # (no test decoded: a learning-rate search; a later sweep with "eval_set" adds it)
     test: str = "sampled"
 
@@ -150,7 +150,14 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
     import torch
 
     from nopeinterp._io import versions
-    from nopeinterp.training.trainer import RUN_ONLY, RunLockedError, _lock, make_config, train
+    from nopeinterp.training.trainer import (
+        RUN_ONLY,
+        RunLockedError,
+        _lock,
+        make_config,
+        train,
+        validation_curve_path,
+    )
 
     if threads:
         torch.set_num_threads(threads)
@@ -186,6 +193,8 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
     from nopeinterp.checkpoint import load_checkpoint
 
     meta = load_checkpoint(ckpt).meta
+    curve_path = validation_curve_path(ckpt)
+    curve = json.loads(curve_path.read_text()) if curve_path.exists() else None
     record = {
         "run": folder.name,
         "task": spec.task,
@@ -202,6 +211,11 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
         "val_loss": meta.get("val_loss"),  # the lm task's selection score
         "val_items": meta.get("val_items"),
         "val_history": meta.get("history"),  # up to the best step: was it still rising?
+        # every validation to the end (None: trained before the trainer kept them), and the
+        # step training ended at (below `steps` when it stopped early on `stop_at_val`)
+        "val_curve": curve["history"] if curve else None,
+        "steps_run": curve["history"][-1]["step"] if curve and curve["history"] else None,
+        "stopped_early": curve["stopped_early"] if curve else None,
         "test": plan.test,
         "eval_n": plan.eval_n if plan.test == "sampled" else None,
         "accuracy": [],

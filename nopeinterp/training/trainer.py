@@ -14,7 +14,10 @@ them, so every rank's data is a disjoint, deterministic slice and the loss (a su
 tokens divided by the global batch's target-token count) is the single-process loss.
 Rank 0 alone evaluates and writes files: the training state (weights, optimizer, scaler,
 step, best validation) every `checkpoint_every` steps to `<out>.state.pt`, and the model with
-the best validation exact match (ID lengths, as the paper selects) to `out`, both atomically.
+the best validation exact match (ID lengths, as the paper selects) to `out`, both atomically,
+and every validation so far to `<out>.history.json` (`validation_curve_path`). With
+`stop_at_val` set, training ends early once validation has reached it `stop_evals` times in a
+row (the schedule stays the one of `steps`).
 The `lm` task (`tasks.lm`: next-token prediction on a corpus) trains on chunks of its
 context, every next token a target, and keeps the model with the lowest validation loss
 (the state's `best_acc` then holds minus that loss: higher is better for both).
@@ -25,10 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,126 +42,17 @@ from nopeinterp.checkpoint import save_checkpoint
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import exact_match
 from nopeinterp.lm_eval import token_losses
-from nopeinterp.models import ARCH_TYPES, PE_TYPES, build_model
+from nopeinterp.models import build_model
 from nopeinterp.progress import progress as progress_bar
-from nopeinterp.tasks import LM_TASK, TRAIN_TASKS, encode_examples, get_task, task_tokenizer
+from nopeinterp.tasks import LM_TASK, encode_examples, get_task, task_tokenizer
+from nopeinterp.training.config import VAL_SETS, TrainConfig, _at_least  # noqa: F401
 from nopeinterp.training.presets import preset_values
 from nopeinterp.training.runtime import (
-    DEVICES,
-    PRECISIONS,
     Runtime,
     deterministic_algorithms,
     flops_per_token,
     peak_flops,
 )
-
-
-@dataclass
-class TrainConfig:
-    task: str
-    pe: str
-    out: str
-    steps: int = 2000
-    batch_size: int = 32  # the global batch: over all ranks and accumulation steps
-    lr: float = 1e-3
-    warmup: float = 0.06  # fraction of steps, as the paper
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    seed: int = 0
-    n_layers: int = 2
-    n_heads: int = 4
-    d_model: int = 64
-    d_mlp: int | None = None
-    d_head: int | None = None  # default d_model / n_heads
-    arch: str = "default"  # or "t5": the paper's T5 decoder (nopeinterp.models.t5_arch)
-    attn_scale: bool | None = None  # None: the arch's (default scales, t5 does not)
-    dropout: float = 0.0
-    pe_options: dict = field(default_factory=dict)
-    task_options: dict = field(default_factory=dict)  # e.g. {"id_lengths": [2, 10]}
-    eval_every: int = 250
-    eval_n: int = 100
-    # validation items: "sampled" = `task.generate(eval_n, split="val")` (drawn with
-    # replacement; what the shipped checkpoints used), "eval_set" = `task.eval_set("val",
-    # n_per_length=eval_n)` (each held-out item at most once, eval_n per ID length: issue 16)
-    val_set: str = "sampled"
-    # finish early once the validation exact match reaches this (None: train all `steps`)
-    stop_at_val: float | None = None
-    checkpoint_every: int = 250
-    dtype: str = "float32"  # of the saved best checkpoint: float32 or float16
-    precision: str = "fp32"  # of the computation: fp32, bf16 or fp16 (autocast)
-    grad_accum: int = 1
-    preset: str | None = None  # recorded; make_config applies its values
-    device: str = "auto"
-    resume: bool = False
-    progress: bool = True
-    stop_after: int | None = None  # stop (as if interrupted) after this step; for tests
-
-    def __post_init__(self):
-        if self.attn_scale is None:  # the arch's own: T5 does not scale its logits
-            self.attn_scale = self.arch != "t5"
-        self.validate()
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def validate(self) -> None:
-        """Raise NopeinterpError naming the first bad value; nothing has run yet."""
-        if self.task not in TRAIN_TASKS:
-            raise NopeinterpError(
-                f"unknown task {self.task!r}; choose one of {', '.join(TRAIN_TASKS)}"
-            )
-        if self.pe not in PE_TYPES:
-            raise NopeinterpError(f"unknown pe {self.pe!r}; choose one of {', '.join(PE_TYPES)}")
-        for name in ("steps", "batch_size", "n_layers", "n_heads", "d_model", "eval_every"):
-            _at_least(self, name, 1)
-        for name in ("eval_n", "checkpoint_every", "grad_accum"):
-            _at_least(self, name, 1)
-        for name in ("d_mlp", "d_head"):
-            if getattr(self, name) is not None:
-                _at_least(self, name, 1)
-        if self.stop_after is not None:
-            _at_least(self, "stop_after", 1)
-        if self.arch not in ARCH_TYPES:
-            raise NopeinterpError(
-                f"unknown arch {self.arch!r}; choose one of {', '.join(ARCH_TYPES)}"
-            )
-        if self.d_head is None and self.d_model % self.n_heads:
-            raise NopeinterpError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
-            )
-        checks = [
-            ("lr", self.lr > 0, "> 0"),
-            ("weight_decay", self.weight_decay >= 0, ">= 0"),
-            ("warmup", 0 <= self.warmup < 1, "a fraction of steps in [0, 1)"),
-            ("grad_clip", self.grad_clip > 0, "> 0"),
-            ("dropout", 0 <= self.dropout < 1, "in [0, 1)"),
-            ("val_set", self.val_set in VAL_SETS, " or ".join(VAL_SETS)),
-            ("dtype", self.dtype in ("float32", "float16"), "float32 or float16"),
-            ("precision", self.precision in PRECISIONS, " or ".join(PRECISIONS)),
-            ("device", self.device in DEVICES, " or ".join(DEVICES)),
-            (
-                "stop_at_val",
-                self.stop_at_val is None or 0 < self.stop_at_val <= 1,
-                "an exact match in (0, 1]",
-            ),
-        ]
-        for name, ok, expected in checks:
-            value = getattr(self, name)
-            if not ok or (isinstance(value, float) and not math.isfinite(value)):
-                raise NopeinterpError(f"{name}={value!r}: must be {expected}")
-        if self.batch_size % self.grad_accum:
-            raise NopeinterpError(
-                f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}"
-            )
-        if Path(self.out).is_dir():
-            raise NopeinterpError(f"out={self.out}: is a directory; give a file path (.pt)")
-
-
-def _at_least(cfg, name, low):
-    value = getattr(cfg, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise NopeinterpError(f"{name}={value!r}: must be an integer >= {low}")
-
 
 # Settings that do not change what a run computes: a resumed run may differ in these.
 RUN_ONLY = ("out", "device", "resume", "progress", "stop_after")
@@ -168,9 +62,6 @@ def make_config(task: str, pe: str, out, *, preset: str | None = None, **overrid
     """TrainConfig from a preset's values (for this task) with `overrides` on top."""
     values = {**preset_values(preset, task), **overrides}
     return TrainConfig(task=task, pe=pe, out=str(out), preset=preset, **values)
-
-
-VAL_SETS = ("sampled", "eval_set")
 
 
 def validation_examples(task, cfg: TrainConfig) -> list:
@@ -185,6 +76,22 @@ def lr_factor(step: int, total: int, warmup_steps: int) -> float:
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     return max(0.0, (total - step) / max(1, total - warmup_steps))
+
+
+def reached_stop_val(history: list[dict], cfg: TrainConfig) -> bool:
+    """Whether the last `cfg.stop_evals` evaluations all reached `cfg.stop_at_val`."""
+    last = history[-cfg.stop_evals :]
+    return (
+        cfg.stop_at_val is not None
+        and len(last) == cfg.stop_evals
+        and all(h["val_accuracy"] >= cfg.stop_at_val for h in last)
+    )
+
+
+def validation_curve_path(out) -> Path:
+    """`<out>.history.json`: every validation of the run so far (written at each one)."""
+    out = Path(out)
+    return out.with_name(out.name + ".history.json")
 
 
 def train_examples(task, cfg: TrainConfig, step: int):
@@ -309,6 +216,7 @@ def train(config: TrainConfig) -> Path:
 def _train(cfg: TrainConfig, rt: Runtime) -> Path:
     out = Path(cfg.out)
     state_path = out.with_name(out.name + ".state.pt")
+    curve_path = validation_curve_path(out)
     if cfg.batch_size % (rt.world_size * cfg.grad_accum):
         raise NopeinterpError(
             f"batch_size={cfg.batch_size} is not divisible by world_size*grad_accum="
@@ -498,7 +406,11 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             if score > best_acc:
                 best_acc = score
                 save_best(done, {val_key: last_val})
-            reached = not lm and cfg.stop_at_val is not None and last_val >= cfg.stop_at_val
+            reached = reached_stop_val(history, cfg)  # never for lm (refused by validate)
+            # every evaluation so far (the checkpoint's meta stops at the best one)
+            early = reached and done < cfg.steps
+            curve = json.dumps({"steps": cfg.steps, "history": history, "stopped_early": early})
+            atomic_write(curve_path, lambda t, text=curve: Path(t).write_text(text))
         if cfg.stop_at_val is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
             reached = rt.broadcast(reached)  # every rank finishes at the same step
         stopped = cfg.stop_after is not None and cfg.stop_after <= done < cfg.steps

@@ -31,17 +31,7 @@ def accuracy_figure(table, title="Exact match vs length") -> go.Figure:
         for model, rows in rows_t.groupby("model", sort=False):
             label = _label(str(model), str(task)) if task is not None else str(model)
             rows = rows.sort_values("length")
-            fig.add_trace(
-                go.Scatter(
-                    x=rows["length"],
-                    y=rows["accuracy"],
-                    mode="lines+markers",
-                    line_color=legend.color(label),
-                    **legend.entry(label),
-                ),
-                row=1,
-                col=col,
-            )
+            fig.add_trace(legend.line(label, rows["length"], rows["accuracy"]), row=1, col=col)
         id_lengths = rows_t.loc[rows_t["split"] == "ID", "length"]
         if len(id_lengths):
             fig.add_vrect(

@@ -1,186 +1,21 @@
-"""Attention explorer: attention patterns of several models as compact data, and a small
-offline UI (no server) that draws them as heatmaps with the tokens on the axes.
+"""Attention explorer: a small offline UI (no server) that draws the attention patterns of
+several models (an `ExplorerData`) as heatmaps with the tokens on the axes.
 
     data = explorer_data({"nope": m0, "t5": m1, "alibi": m2}, examples, labels=tokenizer)
     Page("report").section("Attention").add(data).page.write("index.html")
 
-`explorer_data` runs each model once per example through the shared
-`nopeinterp.similarity.attention_patterns` (run_with_cache on `blocks.{l}.attn.hook_pattern`
-only; no TransformerLens import). Each pattern is stored as its causal lower triangle (row t
-holds keys 0..t), quantised to one byte (round(p * 255)) and base64-encoded: about 1.33 bytes
-per attention weight: 6 SCAN checkpoints x 4 layers x 4 heads x 10 OOD examples (41-54
-tokens) measured 1.34 MiB of JSON.
+`nopeinterp.similarity.explorer.explorer_data` computes the patterns (an `ExplorerData`, in
+`nopeinterp.results`); this module only draws them: nothing here runs a model.
 The UI: selects for the left model (NoPE by default), the reference model, layer, head (or the
 mean over heads) and example; both heatmaps redraw with Plotly.react on every change.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import json
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-
-import numpy as np
-import torch
 
 from nopeinterp.errors import NopeinterpError
-
-QUANT = 255  # attention weight p is stored as round(p * QUANT) in one byte
-
-
-def _encode(pattern: np.ndarray) -> str:
-    """[T, T] attention pattern -> base64 of its quantised lower triangle (row-major)."""
-    rows, cols = np.tril_indices(pattern.shape[0])
-    q = np.rint(np.clip(pattern[rows, cols], 0.0, 1.0) * QUANT).astype(np.uint8)
-    return base64.b64encode(q.tobytes()).decode("ascii")
-
-
-def _decode(text: str, n: int) -> np.ndarray:
-    """Inverse of `_encode`: [n, n] float array, NaN above the diagonal."""
-    q = np.frombuffer(base64.b64decode(text), dtype=np.uint8)
-    if q.size != n * (n + 1) // 2:
-        raise NopeinterpError(f"explorer pattern has {q.size} values, expected for {n} tokens")
-    out = np.full((n, n), np.nan)
-    out[np.tril_indices(n)] = q / QUANT
-    return out
-
-
-@dataclass
-class ExplorerData:
-    """Attention patterns for the explorer: plain, JSON-serialisable data (no models).
-
-    patterns[model][layer_index][head][example] is an encoded pattern (see module docstring);
-    `layers` lists the model layer numbers the layer indices stand for.
-    """
-
-    models: list[str]
-    layers: list[int]
-    n_heads: int
-    tokens: list[list[str]]  # token labels per example
-    example_names: list[str]
-    patterns: dict[str, list[list[list[str]]]]
-    left: str  # the model drawn on the left by default (NoPE)
-    reference: str  # the model drawn beside it by default
-    meta: dict = field(default_factory=dict)
-
-    def pattern(self, model: str, layer: int, head: int, example: int) -> np.ndarray:
-        """[T, T] attention weights (dequantised; NaN above the diagonal)."""
-        if model not in self.patterns:
-            raise NopeinterpError(f"no model {model!r} in the explorer; have {self.models}")
-        if layer not in self.layers:
-            raise NopeinterpError(f"layer {layer} not in the explorer; have {self.layers}")
-        li = self.layers.index(layer)
-        return _decode(self.patterns[model][li][head][example], len(self.tokens[example]))
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> ExplorerData:
-        try:
-            return cls(**json.loads(text))
-        except (TypeError, ValueError) as e:
-            raise NopeinterpError(f"not explorer data: {e}") from None
-
-
-def _labels_for(ids: list[int], labels) -> list[str]:
-    if labels is None:
-        return [str(i) for i in ids]
-    if hasattr(labels, "convert_ids_to_tokens"):  # a tokenizer
-        return [str(t) for t in labels.convert_ids_to_tokens(ids)]
-    raise NopeinterpError("labels must be a tokenizer or a list of token-label lists")
-
-
-def explorer_data(
-    models: Mapping[str, object],
-    examples: Sequence[torch.Tensor],
-    *,
-    labels=None,
-    layers: Sequence[int] | None = None,
-    example_names: Sequence[str] | None = None,
-    left: str | None = None,
-    reference: str | None = None,
-) -> ExplorerData:
-    """Attention patterns of `models` ({name: model}) on each example in `examples`.
-
-    `examples`: 1-D token-id tensors (one unpadded sequence each; lengths may differ).
-    `labels`: a tokenizer (`convert_ids_to_tokens`), one list of strings per example, or
-    None (token ids shown). `layers`: model layers to keep (default all). `left` defaults to
-    the first model whose name contains "nope" (pass it when there are several, e.g. NoPE and
-    NoPE'), `reference` to the first other model.
-    All models must have the same number of heads and the requested layers.
-    """
-    from nopeinterp.similarity import attention_patterns
-
-    names = list(models)
-    if len(names) < 2:
-        raise NopeinterpError("the explorer needs at least two models (NoPE and a reference)")
-    cfgs = {n: models[n].cfg for n in names}
-    heads = {c.n_heads for c in cfgs.values()}
-    if len(heads) != 1:
-        raise NopeinterpError(f"explorer models must share n_heads; got {sorted(heads)}")
-    min_layers = min(c.n_layers for c in cfgs.values())
-    layers = list(range(min_layers)) if layers is None else [int(x) for x in layers]
-    if not layers or any(not 0 <= x < min_layers for x in layers):
-        raise NopeinterpError(f"layers must be in [0, {min_layers}); got {layers}")
-    examples = [torch.as_tensor(e) for e in examples]
-    if not examples or any(e.ndim != 1 or e.numel() == 0 for e in examples):
-        raise NopeinterpError("examples must be non-empty 1-D token-id tensors (one each)")
-    for n, c in cfgs.items():
-        for e in examples:
-            if int(e.min()) < 0 or int(e.max()) >= c.d_vocab:
-                raise NopeinterpError(f"token ids outside model {n!r}'s vocabulary")
-    if isinstance(labels, Sequence) and not isinstance(labels, str):
-        tokens = [[str(t) for t in lab] for lab in labels]
-        if len(tokens) != len(examples) or any(
-            len(t) != e.numel() for t, e in zip(tokens, examples, strict=True)
-        ):
-            raise NopeinterpError("labels must give one label per token of every example")
-    else:
-        tokens = [_labels_for(e.tolist(), labels) for e in examples]
-    example_names = (
-        [f"example {i} ({e.numel()} tokens)" for i, e in enumerate(examples)]
-        if example_names is None
-        else [str(x) for x in example_names]
-    )
-    if len(example_names) != len(examples):
-        raise NopeinterpError("example_names must name every example")
-    if left is None:
-        left = next((n for n in names if "nope" in n.lower()), names[0])
-    if reference is None:
-        reference = next(n for n in names if n != left)
-    for which, n in (("left", left), ("reference", reference)):
-        if n not in names:
-            raise NopeinterpError(f"{which} model {n!r} is not one of {names}")
-
-    n_heads = heads.pop()
-    patterns: dict[str, list[list[list[str]]]] = {}
-    for name in names:
-        per = [[[""] * len(examples) for _ in range(n_heads)] for _ in layers]
-        for ei, e in enumerate(examples):
-            try:  # the model enforces its own limits (learned APE: n_ctx positions)
-                pats = attention_patterns(models[name], e[None], None, layers)
-            except ValueError as err:
-                raise NopeinterpError(f"model {name!r} cannot read example {ei}: {err}") from None
-            for li, layer in enumerate(layers):
-                p = pats[layer][0].float().cpu().numpy()  # [H, T, T]
-                for h in range(n_heads):
-                    per[li][h][ei] = _encode(p[h])
-        patterns[name] = per
-    return ExplorerData(
-        models=names,
-        layers=layers,
-        n_heads=n_heads,
-        tokens=tokens,
-        example_names=example_names,
-        patterns=patterns,
-        left=left,
-        reference=reference,
-        meta={"quantisation": f"uint8, p = byte / {QUANT}", "storage": "causal lower triangle"},
-    )
-
+from nopeinterp.results import QUANT, ExplorerData  # noqa: F401  (drawn here)
 
 _JS = r"""
 (function (root) {

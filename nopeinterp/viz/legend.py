@@ -25,3 +25,11 @@ class Legend:
         first = label not in self.shown
         self.shown.add(label)
         return {"name": label, "legendgroup": label, "showlegend": first}
+
+    def line(self, label: str, x, y):
+        """A lines-and-markers trace of `label` in its colour, with its legend entry."""
+        import plotly.graph_objects as go
+
+        return go.Scatter(
+            x=x, y=y, mode="lines+markers", line_color=self.color(label), **self.entry(label)
+        )

@@ -11,7 +11,7 @@
 
 Items are rendered when `write` (or `html`) is called, in the order added. A `str` item is
 trusted HTML (use `text` for plain text); an `ExplorerData` becomes an attention explorer
-(nopeinterp.viz.explorer). plotly.js is inlined once, in the head, whatever the number of
+(drawn by nopeinterp.viz.explorer). plotly.js is inlined once, in the head, whatever the number of
 figures; figure divs get stable ids (`fig-1`, `fig-2`, ...) so the page is deterministic.
 """
 
@@ -76,8 +76,7 @@ class Section:
 
     def add(self, item, *, caption: str | None = None) -> Section:
         """Add a Figure, DataFrame, Result, ExplorerData or (trusted) HTML string."""
-        from nopeinterp.results import Result
-        from nopeinterp.viz.explorer import ExplorerData
+        from nopeinterp.results import ExplorerData, Result
 
         if not isinstance(item, go.Figure | pd.DataFrame | Result | ExplorerData | str):
             raise NopeinterpError(
@@ -112,8 +111,8 @@ class Page:
 
     # -- rendering -----------------------------------------------------------------------
     def _render_item(self, item, caption, next_id) -> str:
-        from nopeinterp.results import Result
-        from nopeinterp.viz.explorer import ExplorerData, explorer_html
+        from nopeinterp.results import ExplorerData, Result
+        from nopeinterp.viz.explorer import explorer_html
 
         parts = [f"<p><em>{html.escape(caption)}</em></p>"] if caption else []
         if isinstance(item, go.Figure):

@@ -1,6 +1,6 @@
 """A tiny demo of the report page and the attention explorer, from untrained models.
 
-    python -m nopeinterp.viz.demo reports/demo/index.html
+    python -m nopeinterp.demo reports/demo/index.html
 
 Builds small random-init NoPE, T5 and ALiBi models on the copy task (seconds on a CPU), and a
 page with a figure, a long (collapsed) table and the attention explorer. It shows the page
@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from nopeinterp.viz.explorer import explorer_data
+from nopeinterp.similarity.explorer import explorer_data
 from nopeinterp.viz.page import Page
 
 TASK_OPTIONS = {"id_lengths": [2, 4], "ood_lengths": [5, 7]}
@@ -24,7 +24,7 @@ TASK_OPTIONS = {"id_lengths": [2, 4], "ood_lengths": [5, 7]}
 
 def demo_models(*, n_layers: int = 2, n_heads: int = 2, d_model: int = 32):
     """({name: untrained model}, tokenizer, [token tensors]) on the copy task."""
-    from nopeinterp import build_model
+    from nopeinterp.models import build_model
     from nopeinterp.tasks import encode_examples, get_task, task_tokenizer
 
     task = get_task("copy", **TASK_OPTIONS)
