@@ -10,6 +10,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# the local CPU wheel first: a bare "torch" requirement could pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
+	# TransformerLens 3.9 here (our own models need its HookedTransformer); pyproject allows 4.x
+	# too, which `make tl4` installs in its own environment
+	$(PY) -m pip install -q 'transformer-lens>=3.9,<4'
 	$(PY) -m pip install -q -e '.[test,dev]'
 	touch $(STAMP)
 
