@@ -55,6 +55,16 @@ def cmd_train(args) -> int:
     from nopeinterp.training.sweep import parse_task_spec
 
     task, options = parse_task_spec(args.task)
+    out = Path(args.out)
+    state = out.with_name(out.name + ".state.pt")
+    if not (args.resume or args.overwrite) and (out.exists() or state.exists()):
+        found = state if state.exists() else out
+        raise NopeinterpError(
+            f"{found} exists: add --resume to continue that run, or --overwrite to train "
+            "from the start"
+        )
+    if args.resume and args.overwrite:
+        raise NopeinterpError("give --resume or --overwrite, not both")
     overrides = _train_overrides(args)
     overrides["task_options"] = {**options, **overrides.get("task_options", {})}
     path = train(make_config(task, args.pe, args.out, preset=args.preset, **overrides))
@@ -124,7 +134,9 @@ def _add_train_flags(p) -> None:
     p.add_argument("--train-lengths", type=parse_lengths, default=S, help="e.g. 2-20")
     p.add_argument("--ood-lengths", type=parse_lengths, default=S, help="e.g. 21-40")
     p.add_argument("--dtype", choices=("float32", "float16"), default=S, help="of the checkpoint")
-    p.add_argument("--val-set", default=S, help="sampled (default) or eval_set (issue 16)")
+    p.add_argument(
+        "--val-set", default=S, help="sampled (default) or eval_set (each held-out item once)"
+    )
     p.add_argument("--device", default=S, help="auto, cpu, cuda or mps")
     p.add_argument("--precision", default=S, help="fp32, bf16 or fp16 (autocast)")
 
@@ -196,11 +208,12 @@ def _text_data(args):
     return read_texts(args.text) if getattr(args, "text", None) else None
 
 
-def _each_checkpoint(args, analyse, what) -> int:
+def _each_checkpoint(args, analyse, what, **pivot) -> int:
     """`analyse(model, data)` on the checkpoint, on every checkpoint of a directory, or on the
     --hf model (data: the --text documents, else None): print each result's pivot table and
     save each under --out (a subfolder per checkpoint for a directory). `analyse` may return a
-    tuple of results (then `what` is a tuple of headings), saved side by side."""
+    tuple of results (then `what` is a tuple of headings), saved side by side. `pivot`: the
+    keywords of each result's `pivot()`."""
     import pandas as pd
 
     from nopeinterp.zoo import checkpoint_files
@@ -217,7 +230,7 @@ def _each_checkpoint(args, analyse, what) -> int:
         results = analyse(model, data)
         results = results if isinstance(results, tuple) else (results,)
         for found, result in zip(pivots, results, strict=True):
-            found.append(pd.concat({path.stem: result.pivot()}, names=["checkpoint"]))
+            found.append(pd.concat({path.stem: result.pivot(**pivot)}, names=["checkpoint"]))
             if args.out:
                 result.save(Path(args.out) / path.stem if many else args.out)
     for heading, found in zip(whats, pivots, strict=True):
@@ -230,11 +243,14 @@ def _each_checkpoint(args, analyse, what) -> int:
 
 def cmd_probe_position(args) -> int:
     from nopeinterp.probing import probe_position
+    from nopeinterp.probing.position import MODELS
 
     return _each_checkpoint(
         args,
         lambda model, data: probe_position(model, data, **_analysis_kwargs(args)),
-        "position probes per layer ([random_init] = same config, untrained):",
+        "position probes per layer; baselines: [random_init] = same config, untrained; "
+        "[shuffled] = probes fitted on permuted positions; [constant] = the mean position:",
+        models=MODELS,
     )
 
 
@@ -334,6 +350,7 @@ def cmd_report(args) -> int:
     run_main_job(
         args.checkpoints,
         args.out,
+        threads=_threads(args),
         n_eval=args.n,
         n_per_length=args.n_attention,
         n_distance=args.n_distance,
@@ -342,10 +359,26 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _threads(args) -> int:
+    """--threads, else what the main job uses (one: the models are small)."""
+    from nopeinterp.main_job import THREADS
+
+    return args.threads or THREADS
+
+
+def _threads_flag(p) -> None:
+    p.add_argument(
+        "--threads", type=_args.positive_int, default=None,
+        help="torch threads (default 1: the models are small; more help large models)",
+    )  # fmt: skip
+
+
 # Flags mean one thing everywhere: --n is examples per length, --n-train / --n-eval are
 # sequences per probe split, --id-lengths / --ood-lengths override the task's ranges.
 def _out(p, what="CSV + HTML") -> None:
+    """--out for an analysis command (and its --threads)."""
     p.add_argument("--out", default=None, type=_args.out_dir, help=f"directory for {what}")
+    _threads_flag(p)
 
 
 def _outside_flags(p) -> None:
@@ -413,6 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=argparse.SUPPRESS)
     _add_train_flags(p)
     p.add_argument("--resume", action="store_true", help="continue from <out>.state.pt")
+    p.add_argument(
+        "--overwrite", action="store_true", help="train from the start over an existing --out"
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sweep", help="train a grid of tasks x PEs x seeds, resumably")
@@ -532,6 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="the main job: every analysis on a checkpoint directory")
     p.add_argument("--checkpoints", default="checkpoints")
     p.add_argument("--out", default="reports/main", type=_args.out_dir)
+    _threads_flag(p)
     p.add_argument(
         "--n", type=_args.positive_int, default=20, help="examples per length for exact match"
     )
@@ -560,7 +597,13 @@ def main(argv=None) -> int:
 
     from nopeinterp.progress import quiet
 
+    threads = None
     try:
+        if hasattr(args, "threads") and args.command != "report":  # report sets its own
+            import torch
+
+            threads = torch.get_num_threads()
+            torch.set_num_threads(_threads(args))
         with quiet() if args.quiet else nullcontext():
             return args.func(args) or 0
     except (NopeinterpError, ValueError, OSError) as e:  # OSError: unreadable or unwritable files
@@ -569,6 +612,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("nopeinterp: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
 
 
 if __name__ == "__main__":

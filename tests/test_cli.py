@@ -117,7 +117,7 @@ def test_main_job_report(ckpt_dir, tmp_path, capsys):
         "Theorem 2: relative distance in later layers",
         "Attention similarity: what NoPE learns (claim 4)",
         "Attention explorer",
-        "Heads: what dominates each head (issue 17)",
+        "Heads: what dominates each head",
     ):
         assert f"<h2>{title}</h2>" in page
     assert page.count("class='verdict'") == 6

@@ -461,7 +461,7 @@ def distance_dependence(
             scores=True,
             max_cache_mb=max_cache_mb,
             progress=progress,
-            desc=f"distance: {split}",
+            desc=f"distance {mi.name}: {split}",
         ):
             real = mask.bool()
             blocks = row_blocks(*mask.shape[:1], H, mask.shape[1])

@@ -218,7 +218,7 @@ def _attention_stats(
             scores=with_scores,
             max_cache_mb=max_cache_mb,
             progress=progress,
-            desc=f"{desc}: {split}",
+            desc=f"{desc} {mi.name}: {split}",
         ):
             real = mask.bool()
             blocks = row_blocks(*mask.shape[:1], H, mask.shape[1])

@@ -164,6 +164,7 @@ def _fit_and_eval(
     max_cache_mb,
     progress,
     label,
+    model_name="",
 ):
     d = model.cfg.d_model
     P = n_classes
@@ -192,7 +193,7 @@ def _fit_and_eval(
             bytes_per_item=bytes_per_item,
             max_cache_mb=max_cache_mb,
             progress=progress,
-            desc=f"probe {label}: {name}",
+            desc=f"probe {model_name} {label}: {name}",
         ):
             real = mask.bool()
             pos = _positions(real)[real]
@@ -238,7 +239,7 @@ def _fit_and_eval(
             bytes_per_item=bytes_per_item,
             max_cache_mb=max_cache_mb,
             progress=progress,
-            desc=f"probe {label}: {split}",
+            desc=f"probe {model_name} {label}: {split}",
         ):
             real = mask.bool()
             pos = _positions(real)[real]
@@ -394,6 +395,7 @@ def probe_position(
         batch_size=batch_size,
         max_cache_mb=max_cache_mb,
         progress=progress,
+        model_name=mi.name,
     )
     shuf = _shuffled_labels(sets, ("fit", "val"), seed) if shuffle_control else None
     rows, alpha_rows, probes = _fit_and_eval(

@@ -29,6 +29,7 @@ criterion the classifier is fitted by), not by accuracy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -211,7 +212,14 @@ def select_alpha(
     for a in alphas:
         coef, intercept = path.coef(a)
         scores[a] = float(stats_mse(val, coef[:, cols], intercept[cols]).mean())
-    best = min(scores.values())
+    if not any(math.isfinite(v) for v in scores.values()):
+        from nopeinterp.errors import NopeinterpError
+
+        raise NopeinterpError(
+            "the ridge fit is degenerate: no penalty gives a finite validation error "
+            "(non-finite activations or labels)"
+        )
+    best = min(v for v in scores.values() if math.isfinite(v))
     chosen = max(a for a, s in scores.items() if s <= best * (1 + 1e-9) + 1e-300)
     return chosen, scores
 
