@@ -260,6 +260,7 @@ _SIZED_BY_WEIGHTS = (
     ("d_vocab", "embed.W_E", 0, None),
     ("d_model", "embed.W_E", 1, None),
     ("n_heads", "blocks.0.attn.W_Q", 0, None),
+    ("d_head", "blocks.0.attn.W_Q", 2, None),
     ("d_mlp", "blocks.0.mlp.W_in", 1, None),
     ("n_ctx", "pos_embed.W_pos", 0, ("ape",)),
     ("num_buckets", "rel_pos_bias.0.W_bias", 0, ("t5",)),
@@ -279,8 +280,9 @@ def _check_config(config: dict, state: dict, pe: str, path: Path) -> None:
                 f"{path}: invalid model config: {key} is a {type(value).__name__} "
                 "(config values are scalars, lists of them or flat str-keyed dicts)"
             )
-    for key in ("n_layers", "n_heads", "d_model", "d_vocab", "n_ctx", "d_mlp", "num_buckets"):
-        if key in config and not (key == "d_mlp" and config[key] is None):
+    sizes = ("n_layers", "n_heads", "d_model", "d_vocab", "n_ctx", "d_mlp", "d_head", "num_buckets")
+    for key in sizes:
+        if key in config and not (key in ("d_mlp", "d_head") and config[key] is None):
             if not _positive_int(config[key]):
                 raise CheckpointError(
                     f"{path}: invalid model config: {key} must be a positive integer, "

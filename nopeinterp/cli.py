@@ -110,7 +110,7 @@ def _add_train_flags(p) -> None:
     """TrainConfig flags of train and sweep; a flag not given leaves the preset's value."""
     # No import here (--help must answer at once): TrainConfig validates every value.
     S = argparse.SUPPRESS
-    p.add_argument("--preset", default=None, help="paper, reference, repro or tiny")
+    p.add_argument("--preset", default=None, help="paper, reference, repro, repro-t5, lm or tiny")
     for flag, kind in (
         ("--steps", int),
         ("--batch-size", int),
@@ -121,6 +121,7 @@ def _add_train_flags(p) -> None:
         ("--n-heads", int),
         ("--d-model", int),
         ("--d-mlp", int),
+        ("--d-head", int),
         ("--dropout", float),
         ("--eval-every", int),
         ("--eval-n", int),
@@ -128,6 +129,11 @@ def _add_train_flags(p) -> None:
         ("--grad-accum", int),
     ):
         p.add_argument(flag, type=kind, default=S)
+    p.add_argument(
+        "--arch",
+        default=S,
+        help="default (pre-LayerNorm blocks with biases) or t5 (the paper's T5 decoder)",
+    )
     p.add_argument("--attn-scale", action=argparse.BooleanOptionalAction, default=S)
     p.add_argument("--num-buckets", type=int, default=S, help="t5 only")
     p.add_argument("--rotary-fraction", type=float, default=S, help="rotary only")
@@ -239,6 +245,51 @@ def _each_checkpoint(args, analyse, what, **pivot) -> int:
     if args.out:
         print(f"wrote {args.out}")
     return 0
+
+
+def cmd_lm_eval(args) -> int:
+    """Loss by position, perplexity and passkey on a checkpoint, a folder of them or --hf."""
+    from nopeinterp.lm_eval import LMEvalResult, check_lengths, lm_eval
+    from nopeinterp.zoo import checkpoint_files
+
+    if (args.checkpoint is None) == (args.hf is None):
+        raise NopeinterpError("give a checkpoint, a folder of checkpoints or --hf DIR (one)")
+    paths = [Path(args.hf)] if args.hf else checkpoint_files(args.checkpoint)
+    models = {p.stem: _load(p, bool(args.hf), args.device) for p in paths}
+    for name, model in models.items():  # every model can read every length, before any work
+        if isinstance(model, str | os.PathLike):
+            models[name] = model = nopeinterp.load_checkpoint(model)
+        check_lengths(getattr(model, "model", model), args.lengths, name)
+    results = [
+        lm_eval(
+            model,
+            corpus=args.corpus,
+            lengths=args.lengths,
+            mode=args.mode,
+            stride=args.stride,
+            max_windows=args.windows,
+            depths=args.depths,
+            trials=args.trials,
+            seed=args.seed,
+            name=name,
+        )
+        for name, model in models.items()
+    ]
+    result = LMEvalResult.concat(results)
+    print("perplexity by length:")
+    print(_fmt(result.perplexity, index=False))
+    if len(result.passkey):
+        print("\npasskey accuracy (length x depth):")
+        print(_fmt(result.passkey.pivot_table("accuracy", ["model", "depth"], "length")))
+    _save(result, args.out)
+    return 0
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x] if text else []
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid numbers {text!r} (use e.g. 0,0.5,1)") from None
 
 
 def cmd_probe_position(args) -> int:
@@ -489,6 +540,41 @@ def build_parser() -> argparse.ArgumentParser:
     _rope_flag(p)
     _out(p)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "lm-eval",
+        help="language models: loss by position past the training context, perplexity by "
+        "length, passkey retrieval",
+    )
+    p.add_argument(
+        "checkpoint", nargs="?", help="an lm checkpoint, or a directory: every checkpoint in it"
+    )
+    p.add_argument("--hf", default=None, help="a Hugging Face save_pretrained directory instead")
+    p.add_argument(
+        "--corpus", default=None,
+        help="stdlib, a folder of text files or a .jsonl file; its test split is read "
+        "(default: the checkpoint's corpus, else stdlib)",
+    )  # fmt: skip
+    p.add_argument(
+        "--lengths", type=parse_lengths, default=[256, 512, 1024, 2048], help="window lengths"
+    )
+    p.add_argument("--mode", choices=("nonoverlap", "sliding"), default="nonoverlap")
+    p.add_argument(
+        "--stride", type=_args.positive_int, default=None,
+        help="sliding mode: tokens scored per window (default length/4)",
+    )  # fmt: skip
+    p.add_argument(
+        "--windows", type=_args.positive_int, default=64, help="windows per length (the first)"
+    )
+    p.add_argument(
+        "--depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0],
+        help="passkey depths in [0, 1], comma-separated ('' skips passkey)",
+    )  # fmt: skip
+    p.add_argument("--trials", type=_args.positive_int, default=20, help="passkey prompts per cell")
+    p.add_argument("--seed", type=int, default=0, help="of the passkey keys")
+    p.add_argument("--device", default=None, help="e.g. cuda (default: where the model is)")
+    _out(p)
+    p.set_defaults(func=cmd_lm_eval)
 
     p = sub.add_parser(
         "probe-position", help="linear probes for absolute position, per layer (Theorem 1)"

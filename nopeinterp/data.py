@@ -228,6 +228,11 @@ def resolve_task(task, tokenizer=None, model=None):
     elif isinstance(task, Mapping):
         opts = dict(task)
         task = get_task(opts.pop("name"), **opts)
+    if getattr(task, "name", None) == "lm":
+        raise ValueError(
+            "the lm task has no generated items: use `lm-eval` (nopeinterp.lm_eval), or pass "
+            "token data (e.g. corpus chunks) to an analysis"
+        )
     if tokenizer is None and model is not None:
         tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:

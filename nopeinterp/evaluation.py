@@ -62,22 +62,34 @@ def greedy_decode(
         max_new_tokens = 1 + max(
             len(tokenizer(e.target, add_special_tokens=False)["input_ids"]) for e in examples
         )
+    tokens, mask = _left_pad(prompts, tokenizer.pad_token_id)
+    out = greedy_ids(
+        model, tokens, mask, max_new_tokens, tokenizer.eos_token_id, use_cache=use_cache
+    )
+    return [decode_answer(tokenizer, row) for row in out]
+
+
+@torch.inference_mode()
+def greedy_ids(model, tokens, mask, max_new_tokens: int, eos: int | None, *, use_cache=True):
+    """Greedy continuation ids [B, <= max_new_tokens] (on the CPU) of left-padded prompts
+    `tokens` with `mask` (1 on real tokens); a row that produced `eos` continues with `eos`,
+    and decoding stops once every row has (never, for `eos` None)."""
     from nopeinterp._tl import init_kv_cache
 
     device = model.cfg.device
-    tokens, mask = (t.to(device) for t in _left_pad(prompts, tokenizer.pad_token_id))
-    batch = len(examples)
-    eos = tokenizer.eos_token_id
+    tokens, mask = tokens.to(device), mask.to(device)
+    batch = len(tokens)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     generated = []
     cache = init_kv_cache(model, batch) if use_cache else None
     logits = model(tokens, attention_mask=mask, past_kv_cache=cache)
     for _ in range(max_new_tokens):
         next_token = logits[:, -1].argmax(-1)
-        next_token = torch.where(done, torch.full_like(next_token, eos), next_token)
+        if eos is not None:
+            next_token = torch.where(done, torch.full_like(next_token, eos), next_token)
+            done |= next_token == eos
         generated.append(next_token)
-        done |= next_token == eos
-        if done.all():
+        if done.all() or len(generated) == max_new_tokens:
             break
         if use_cache:
             logits = model(
@@ -89,8 +101,7 @@ def greedy_decode(
             tokens = torch.cat([tokens, next_token[:, None]], 1)
             mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long, device=device)], 1)
             logits = model(tokens, attention_mask=mask)
-    out = torch.stack(generated, 1).cpu()
-    return [decode_answer(tokenizer, row) for row in out]
+    return torch.stack(generated, 1).cpu()
 
 
 def greedy_answers(model, tokenizer, examples, *, batch_size=64, use_cache=True) -> list[str]:

@@ -303,18 +303,6 @@ def test_non_finite_weights_or_activations_in_memory_are_one_clear_error(ckpt_di
         probe_position(ckpt, n_train=32, n_eval=16, progress=False)
 
 
-def test_a_degenerate_ridge_fit_is_one_clear_error():
-    from nopeinterp.probing.ridge import RidgePath, RidgeStats, select_alpha
-
-    stats = RidgeStats(2, 1)
-    X = torch.randn(20, 2, dtype=torch.float64)
-    stats.update(X, torch.randn(20, 1, dtype=torch.float64))
-    val = RidgeStats(2, 1)
-    val.update(X, torch.full((20, 1), float("nan"), dtype=torch.float64))
-    with pytest.raises(NopeinterpError, match="ridge fit is degenerate"):
-        select_alpha(RidgePath(stats), val, alphas=(0.1, 1.0))
-
-
 # --- 5. two sweeps on one folder -----------------------------------------------------------------
 def test_a_second_sweep_arriving_while_a_run_is_recorded_leaves_it(tmp_path, monkeypatch):
     """The second sweep comes while the first decodes the test set (its training lock is

@@ -272,7 +272,7 @@ def test_presets_and_explicit_values_override_them(tmp_path):
     }
     assert ref["scan"].steps == 2500 and ref["copy"].steps == 1500 and ref["copy"].lr == 2e-3
     assert make_config("copy", "nope", tmp_path / "t.pt", preset="tiny", steps=7).steps == 7
-    assert set(PRESETS) == {"paper", "reference", "repro", "tiny"}
+    assert set(PRESETS) == {"paper", "reference", "repro", "repro-t5", "lm", "tiny"}
     with pytest.raises(NopeinterpError, match="unknown preset"):
         make_config("copy", "nope", tmp_path / "t.pt", preset="huge")
 

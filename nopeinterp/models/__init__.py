@@ -11,6 +11,7 @@ from nopeinterp.models.hf import from_hf
 from nopeinterp.models.registry import LAYER_PES, MODEL_CLASSES
 from nopeinterp.models.rotary import check_rope_scaling, rope_frequencies, rotary_dim
 from nopeinterp.models.t5 import t5_bucket_ids
+from nopeinterp.models.t5_arch import ARCH_TYPES, T5_EPS, check_arch
 from nopeinterp.tasks.tokenizer import adds_bos
 
 # The paper's five encodings (and learned APE), then the newer ones.
@@ -21,6 +22,8 @@ assert tuple(MODEL_CLASSES) == PE_TYPES
 
 # build_model's architecture arguments: what a checkpoint's "config" records.
 ARCH_DEFAULTS = {
+    "arch": "default",
+    "d_head": None,
     "d_mlp": None,
     "seed": 0,
     "act_fn": "relu",
@@ -64,7 +67,11 @@ def build_model(
     attn_scale: bool | None = None,
     layer_pe: list[str] | None = None,
     dropout: float = 0.0,
+    arch: str = "default",
+    d_head: int | None = None,
     device=None,
+    dtype: torch.dtype | None = None,
+    init_weights: bool = True,
     tokenizer=None,
     **pe_options,
 ) -> PETransformer:
@@ -77,9 +84,17 @@ def build_model(
     SmolLM3-style stack); `pe` must be one of them (it names the model). Default: `pe` in
     every layer.
     `dropout`: on the embeddings, the attention weights and the attention and MLP outputs, in
-    training mode (the paper: 0.1).
+    training mode (the paper: 0.1; with arch="t5" also after the ReLU and the final norm).
+    `arch`: "default" (TL's pre-LayerNorm block with biases) or "t5" (the paper's own model,
+    T5's decoder: RMS norm, no biases, unscaled logits by default, tied output scaled by
+    d_model^-0.5, T5's initialisation; see `nopeinterp.models.t5_arch`).
+    `d_head`: each head's width (default d_model / n_heads; any value: n_heads x d_head need
+    not equal d_model, as T5's d_kv).
     `device`: where the model lives (None: `resolve_device()`); weights depend only on `seed`
     and the arguments, not on the device (they are initialised on the CPU).
+    `dtype`: of the weights (default float32; e.g. torch.bfloat16 for a large model).
+    `init_weights=False` skips the random initialisation, for a caller that then loads every
+    weight (a large model builds in seconds).
     `pe_options`: t5 -> num_buckets=32, max_distance=128, shared=True;
     rotary -> fraction=0.25, base=10000, rope_scaling=None;
     fire -> fire_hidden=32, fire_c=1.0, fire_threshold=n_ctx, shared=True; kerple -> shared;
@@ -87,8 +102,13 @@ def build_model(
     """
     if pe not in MODEL_CLASSES:
         raise ValueError(f"unknown positional encoding {pe!r}; choose one of {', '.join(PE_TYPES)}")
-    if d_model % n_heads:
+    check_arch(arch)
+    if arch == "t5" and act_fn != "relu":
+        raise ValueError(f"arch='t5' has T5's ReLU feed-forward, got act_fn={act_fn!r}")
+    if d_head is None and d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    if d_head is not None and (type(d_head) is not int or d_head < 1):
+        raise ValueError(f"d_head must be a positive integer, got {d_head!r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     if layer_pe is not None:
@@ -105,11 +125,13 @@ def build_model(
             raise ValueError(f"pe={pe!r} names the model, so it must be one of layer_pe")
         if len(set(layer_pe)) == 1:
             layer_pe = None  # uniform: the same model as without layer_pe
-    d_head = d_model // n_heads
-    extra = {}
+    d_head = d_head or d_model // n_heads
+    t5 = arch == "t5"
+    extra = {"normalization_type": "RMS", "eps": T5_EPS} if t5 else {"normalization_type": "LN"}
     if pe == "rotary" or (layer_pe and "rotary" in layer_pe):
         extra["rotary_dim"] = rotary_dim(d_head, pe_options.get("fraction", 0.25))
         extra["rotary_base"] = pe_options.get("base", 10000)
+        extra["rotary_adjacent_pairs"] = t5  # the official rotary: GPT-J's interleaved pairs
     device = resolve_device(device)
     cfg = HookedTransformerConfig(
         n_layers=n_layers,
@@ -120,11 +142,12 @@ def build_model(
         d_vocab=d_vocab,
         n_ctx=n_ctx,
         act_fn=act_fn,
-        normalization_type="LN",
         attention_dir="causal",
-        use_attn_scale=True if attn_scale is None else attn_scale,
+        use_attn_scale=(not t5) if attn_scale is None else attn_scale,
         seed=seed,
         device="cpu",  # initialised here, then moved: same weights on every device
+        dtype=dtype or torch.float32,
+        init_weights=init_weights,
         # to_tokens keeps the <bos> our tokenizer template adds (False would strip it); a
         # tokenizer without a start token (the no-<bos> SCAN split) gets none added
         default_prepend_bos=tokenizer is not None and adds_bos(tokenizer),
@@ -132,8 +155,10 @@ def build_model(
     )
     with torch.random.fork_rng(devices=[]):  # TL seeds the global RNG; leave the caller's alone
         model = MODEL_CLASSES[pe](
-            cfg, tokenizer=tokenizer, layer_pe=layer_pe, dropout=dropout, **pe_options
+            cfg, tokenizer=tokenizer, layer_pe=layer_pe, dropout=dropout, arch=arch, **pe_options
         )
+    if dtype is not None and dtype != torch.float32:  # the PE modules' own tensors too
+        model.to(dtype, print_details=False)
     if device.type != "cpu":
         model.to(device)
     return model
@@ -145,9 +170,11 @@ def model_config(model: PETransformer) -> dict:
     mixed = len(set(model.layer_pe)) > 1
     return {
         "pe": model.pe,
+        "arch": model.arch,
         "n_layers": cfg.n_layers,
         "n_heads": cfg.n_heads,
         "d_model": cfg.d_model,
+        "d_head": cfg.d_head,
         "d_vocab": cfg.d_vocab,
         "n_ctx": cfg.n_ctx,
         "d_mlp": cfg.d_mlp,
@@ -196,6 +223,7 @@ def set_rope_scaling(model: PETransformer, rope_scaling: dict | None) -> PETrans
 
 
 __all__ = [
+    "ARCH_TYPES",
     "LAYER_PE_TYPES",
     "MODEL_CLASSES",
     "PAPER_PE_TYPES",

@@ -3,7 +3,9 @@
 `ape`: a learned table W_pos [n_ctx, d_model] (TL's PosEmbed); it has no row past n_ctx, so
 longer inputs raise a ValueError naming the limit.
 `sinusoidal`: the fixed sin/cos embedding of Vaswani et al. (the paper's "APE"); computed for
-any length, no parameters.
+any length, no parameters. Two layouts of the same numbers: "interleaved" (even dims sin, odd
+dims cos; the default architecture) and "halves" (all sines, then all cosines: the official
+`abs_sinusoid`, used by the T5 architecture).
 """
 
 import math
@@ -49,14 +51,22 @@ class LearnedAPETransformer(PETransformer):
         return super().get_residual(embed, pos_offset, *args, **kwargs)
 
 
-def sinusoidal_embedding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
-    """sin/cos embedding [*positions.shape, d_model]: even dims sin, odd dims cos."""
+SINUSOID_LAYOUTS = ("interleaved", "halves")
+
+
+def sinusoidal_embedding(
+    positions: torch.Tensor, d_model: int, layout: str = "interleaved"
+) -> torch.Tensor:
+    """sin/cos embedding [*positions.shape, d_model]: even dims sin, odd dims cos
+    ("interleaved"), or the d_model/2 sines then the cosines ("halves")."""
     device = positions.device
     inv_freq = torch.exp(
         torch.arange(0, d_model, 2, dtype=torch.float32, device=device)
         * (-math.log(10000.0) / d_model)
     )
     angles = positions.float()[..., None] * inv_freq
+    if layout == "halves":
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)[..., :d_model]
     emb = torch.zeros(*positions.shape, d_model, device=device)
     emb[..., 0::2] = torch.sin(angles)
     emb[..., 1::2] = torch.cos(angles)[..., : d_model // 2]
@@ -66,9 +76,10 @@ def sinusoidal_embedding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
 class SinusoidalPosEmbed(nn.Module):
     """Drop-in for TL's PosEmbed (same forward signature), with no parameters."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, layout: str = "interleaved"):
         super().__init__()
         self.cfg = cfg
+        self.layout = layout
 
     def forward(self, tokens, past_kv_pos_offset=0, attention_mask=None):
         batch, length = tokens.shape
@@ -79,7 +90,9 @@ class SinusoidalPosEmbed(nn.Module):
             positions = positions.expand(batch, length)
         else:
             positions = get_offset_position_ids(past_kv_pos_offset, attention_mask)
-        emb = sinusoidal_embedding(positions.to(tokens.device), self.cfg.d_model).to(self.cfg.dtype)
+        emb = sinusoidal_embedding(positions.to(tokens.device), self.cfg.d_model, self.layout).to(
+            self.cfg.dtype
+        )
         if attention_mask is not None:  # zero on pads, as TL's PosEmbed does
             pad = ~attention_mask[:, past_kv_pos_offset:].bool()
             emb = emb.masked_fill(pad[..., None], 0.0)

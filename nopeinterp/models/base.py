@@ -183,9 +183,13 @@ class PEAttention(Attention):
         masks, for queries at offset..offset+q_len-1 (what `hook_attn_scores` sees)."""
         return self.apply_causal_mask(self.calculate_attention_scores(q, k), offset, attention_mask)
 
-    @staticmethod
-    def softmax_pattern(scores, empty_rows: bool):
-        pattern = F.softmax(scores, dim=-1)
+    softmax_fp32 = False  # softmax in float32 whatever the scores' dtype (T5's; arch="t5")
+
+    def softmax_pattern(self, scores, empty_rows: bool):
+        if self.softmax_fp32 and scores.dtype not in (torch.float32, torch.float64):
+            pattern = F.softmax(scores.float(), dim=-1).to(scores.dtype)
+        else:
+            pattern = F.softmax(scores, dim=-1)
         if empty_rows:  # a row with no visible key (left padding): 0, as TL gives
             pattern = torch.where(torch.isnan(pattern), torch.zeros_like(pattern), pattern)
         return pattern
@@ -433,7 +437,8 @@ class PETransformer(HookedTransformer):
 
     `layer_pe`: each layer's `LayerPE` name; `pe_options`: the options of every PE used
     (each PE takes its own keys); `dropout`: see `PEBlock` (also on the embeddings and the
-    attention weights).
+    attention weights); `arch`: "default" (TL's pre-LayerNorm block with biases) or "t5" (the
+    paper's T5 decoder layout, `nopeinterp.models.t5_arch`).
     """
 
     pe: str = ""
@@ -446,6 +451,7 @@ class PETransformer(HookedTransformer):
         *,
         layer_pe=None,
         dropout: float = 0.0,
+        arch: str = "default",
         **pe_options,
     ):
         from nopeinterp.models.registry import LAYER_PES
@@ -466,6 +472,7 @@ class PETransformer(HookedTransformer):
             super().__init__(cfg, tokenizer=tokenizer)
         self.layer_pe = layer_pe
         self.dropout = dropout
+        self.arch = arch
         self.pe_options = self.resolve_pe_options(specs, pe_options)
         # Same modules and state-dict keys as TL's, with a faster path (PEBlock, PEAttention).
         self.blocks = nn.ModuleList(PEBlock(cfg, i, dropout) for i in range(cfg.n_layers))
@@ -477,7 +484,12 @@ class PETransformer(HookedTransformer):
         self.configure_positional_encoding()
         self.install_layer_pes(specs)
         # TL initialised the stock modules; re-run it (same seed) so replaced ones are set too.
-        self.init_weights()
+        if cfg.init_weights:  # False: the caller loads every weight
+            self.init_weights()
+        if arch == "t5":
+            from nopeinterp.models.t5_arch import make_t5_layout
+
+            make_t5_layout(self)  # T5's norm, MLP, tied output, no biases; T5's init
         self.setup()  # re-name hook points after the module swaps
         self.eval()
 
@@ -561,6 +573,7 @@ class PETransformer(HookedTransformer):
         mixed = len(set(self.layer_pe)) > 1
         return (
             f"pe={self.pe!r}, "
+            + (f"arch={self.arch!r}, " if self.arch != "default" else "")
             + (f"layer_pe={self.layer_pe}, " if mixed else "")
             + (f"pe_options={self.pe_options}")
         )

@@ -44,6 +44,7 @@ from nopeinterp._tl import (
 )
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.models.alibi import alibi_slopes
+from nopeinterp.models.codellm import CodeLLMError, from_codellm, is_codellm_dir
 
 # Rotary and ALiBi models have no hard length limit, but TL keeps an n_ctx x n_ctx causal mask
 # per layer (and a rotary table of n_ctx rows): their context is capped at this by default.
@@ -378,11 +379,18 @@ def from_hf(
     `device`: default the Hugging Face model's device (cpu for a directory). `n_ctx`: the longest
     input; default the model's own limit, capped at DEFAULT_MAX_CTX for rotary and ALiBi
     models (GPT-2's learned positions are a hard limit). Weights keep their dtype.
-    Supported architectures: SUPPORTED_ARCHITECTURES; anything else raises HFModelError.
+    Supported architectures: SUPPORTED_ARCHITECTURES, and directories of the paper's own
+    `custom_decoder_only_t5` (its 1B code LMs; `nopeinterp.models.codellm`), opened without
+    running any of their files; anything else raises HFModelError.
     """
     from transformer_lens.pretrained import weight_conversions
     from transformers import PreTrainedModel
 
+    if isinstance(model_or_local_dir, str | os.PathLike) and is_codellm_dir(model_or_local_dir):
+        try:  # the paper's own T5 decoders: read as data, never through their remote code
+            return from_codellm(model_or_local_dir, tokenizer=tokenizer, device=device, n_ctx=n_ctx)
+        except CodeLLMError as err:
+            raise HFModelError(str(err)) from None
     if isinstance(model_or_local_dir, str | os.PathLike):
         hf, tokenizer = _load_dir(Path(model_or_local_dir), tokenizer)
     elif isinstance(model_or_local_dir, PreTrainedModel):
@@ -441,6 +449,7 @@ def _finish(model, tokenizer, arch: str, hf_config=None):
         model.tokenizer = tokenizer  # not set_tokenizer: that re-loads it by name
         model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
     model.hf_architecture = arch
+    model.hf_config = hf_config  # what the random-init control re-initialises from
     # the BOS token the data layer puts first (nopeinterp.data.bos_token_id); None if none
     bos = getattr(hf_config, "bos_token_id", None)
     model.bos_token_id = bos if isinstance(bos, int) and 0 <= bos < model.cfg.d_vocab else None

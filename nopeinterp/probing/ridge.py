@@ -151,6 +151,11 @@ class RidgePath:
         self.sd = torch.where(var > 1e-12 * scale, var.sqrt(), torch.ones_like(var))
         corr = cxx / torch.outer(self.sd, self.sd)
         corr = (corr + corr.T) / 2
+        # Non-finite statistics (a model whose activations overflow): a degenerate fit whose
+        # every coefficient is NaN, so its metrics come out NaN in the table, never an error.
+        self.degenerate = not bool(torch.isfinite(corr).all() and torch.isfinite(cxy).all())
+        if self.degenerate:
+            corr, cxy = torch.eye(stats.d, dtype=_DTYPE), torch.full_like(cxy, float("nan"))
         self.eigvals, self.eigvecs = torch.linalg.eigh(corr)
         self.eigvals = self.eigvals.clamp(min=0)
         self.zty = self.eigvecs.T @ (cxy / self.sd[:, None])  # V^T Z^T Yc / n
@@ -197,7 +202,8 @@ def select_alpha(
     """Alpha with the lowest validation MSE (mean over `columns` of the outputs).
 
     Ties go to the larger alpha (more regularisation). With a single alpha, or no validation
-    statistics, the first (only) alpha is returned.
+    statistics, the first (only) alpha is returned. Non-finite scores are never chosen; when
+    no alpha scores finite (a degenerate fit), the largest alpha is returned with the scores.
     """
     alphas = [float(a) for a in alphas]
     if not alphas:
@@ -212,15 +218,11 @@ def select_alpha(
     for a in alphas:
         coef, intercept = path.coef(a)
         scores[a] = float(stats_mse(val, coef[:, cols], intercept[cols]).mean())
-    if not any(math.isfinite(v) for v in scores.values()):
-        from nopeinterp.errors import NopeinterpError
-
-        raise NopeinterpError(
-            "the ridge fit is degenerate: no penalty gives a finite validation error "
-            "(non-finite activations or labels)"
-        )
-    best = min(v for v in scores.values() if math.isfinite(v))
-    chosen = max(a for a, s in scores.items() if s <= best * (1 + 1e-9) + 1e-300)
+    finite = {a: s for a, s in scores.items() if math.isfinite(s)}
+    if not finite:
+        return max(alphas), scores
+    best = min(finite.values())
+    chosen = max(a for a, s in finite.items() if s <= best * (1 + 1e-9) + 1e-300)
     return chosen, scores
 
 

@@ -14,6 +14,7 @@ from .copy import CopyTask, ReverseTask
 from .encoding import Batch, decode_answer, encode_examples
 from .lego import LegoTask
 from .lists import ParityTask, SortingTask
+from .lm import LMTask
 from .scan import ScanTask
 from .splits import PAPER_SPLITS, PaperSplit, paper_split
 from .tokenizer import build_tokenizer, task_tokenizer, tokenizer_from_json, tokenizer_to_json
@@ -30,7 +31,11 @@ TASKS = (
     "scan",
 )
 
-_REGISTRY: dict[str, type[Task]] = {
+# What `train` takes: the synthetic tasks and language modelling on a corpus (`tasks.lm`).
+LM_TASK = "lm"
+TRAIN_TASKS = (*TASKS, LM_TASK)
+
+_REGISTRY: dict[str, type] = {
     "copy": CopyTask,
     "reverse": ReverseTask,
     "addition": AdditionTask,
@@ -40,15 +45,17 @@ _REGISTRY: dict[str, type[Task]] = {
     "polynomial": PolynomialTask,
     "lego": LegoTask,
     "scan": ScanTask,
+    LM_TASK: LMTask,
 }
 
 
 def get_task(name: str, **overrides) -> Task:
     """Task instance by name; ``overrides`` go to its constructor: ``id_lengths=(2, 10)``,
     ``ood_lengths``, ``bos`` (False: no start token), and for copy/reverse/scan ``variant``
-    (the paper's splits, ``PAPER_SPLITS``) and for copy/reverse ``alphabet``."""
+    (the paper's splits, ``PAPER_SPLITS``) and for copy/reverse ``alphabet``; "lm" takes
+    ``corpus``, ``context`` and ``vocab_size`` (an `LMTask`, not a `Task`: see `tasks.lm`)."""
     if name not in _REGISTRY:
-        raise TaskError(f"unknown task {name!r}; valid names: {', '.join(TASKS)}")
+        raise TaskError(f"unknown task {name!r}; valid names: {', '.join(TRAIN_TASKS)}")
     try:
         return _REGISTRY[name](**overrides)
     except TypeError as err:  # an option the task does not take
@@ -58,10 +65,13 @@ def get_task(name: str, **overrides) -> Task:
 __all__ = [
     "PAPER_SPLITS",
     "TASKS",
+    "TRAIN_TASKS",
     "AdditionTask",
     "Batch",
     "CopyTask",
     "Example",
+    "LM_TASK",
+    "LMTask",
     "LegoTask",
     "PaperSplit",
     "ParityTask",

@@ -29,26 +29,38 @@ NAME = "nopeinterp-word-level"  # placeholder name_or_path; never resolved on th
 _JSON_FORMAT = "nopeinterp-word-tokenizer/1"
 
 
+def _fast(backend: Tokenizer, **special) -> PreTrainedTokenizerFast:
+    """The one construction of our fast tokenizers: right padding, no end token added, and a
+    placeholder name (TransformerLens reads init_kwargs["name_or_path"] when handed one)."""
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, padding_side="right", add_eos_token=False, **special
+    )
+    tok.name_or_path = NAME
+    tok.init_kwargs["name_or_path"] = NAME
+    return tok
+
+
 def _wrap(backend: Tokenizer, bos: bool) -> PreTrainedTokenizerFast:
     # transformers rebuilds the post-processor from add_bos_token (a "<bos> $A" template or "$A").
     # Without a start token bos_token is None: TransformerLens then keeps this tokenizer instead
     # of fetching a "bos-enabled" copy from the Hub (it sets bos_token = eos_token afterwards,
     # which adds nothing: add_bos_token stays False, and that is what ``adds_bos`` reads).
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
+    return _fast(
+        backend,
         bos_token=BOS if bos else None,
         eos_token=EOS,
         pad_token=PAD,
         unk_token=UNK,
         sep_token=SEP,
-        padding_side="right",
         add_bos_token=bos,
-        add_eos_token=False,
     )
-    # TransformerLens reads init_kwargs["name_or_path"] when it is handed a tokenizer.
-    tok.name_or_path = NAME
-    tok.init_kwargs["name_or_path"] = NAME
-    return tok
+
+
+def wrap_bpe(backend: Tokenizer) -> PreTrainedTokenizerFast:
+    """A byte-level BPE backend (the language-modelling task's, ``tasks.lm``) as a fast
+    tokenizer: ``<|endoftext|>`` ends documents and pads; no start token is ever added."""
+    eot = "<|endoftext|>"
+    return _fast(backend, bos_token=None, eos_token=eot, pad_token=eot, add_bos_token=False)
 
 
 def adds_bos(tokenizer) -> bool:
@@ -86,9 +98,13 @@ def task_tokenizer(task) -> PreTrainedTokenizerFast:
 
 
 def tokenizer_to_json(tok: PreTrainedTokenizerFast) -> str:
-    """Serialise a tokenizer from :func:`build_tokenizer` to a plain JSON string."""
-    data = {"format": _JSON_FORMAT, "backend": json.loads(tok.backend_tokenizer.to_str())}
-    if not adds_bos(tok):
+    """Serialise a tokenizer from :func:`build_tokenizer` or :func:`wrap_bpe` to a plain JSON
+    string (a BPE one is marked ``"kind": "byte-bpe"``)."""
+    backend = json.loads(tok.backend_tokenizer.to_str())
+    data = {"format": _JSON_FORMAT, "backend": backend}
+    if backend.get("model", {}).get("type") == "BPE":
+        data["kind"] = "byte-bpe"
+    elif not adds_bos(tok):
         data["bos"] = False
     return json.dumps(data, sort_keys=True)
 
@@ -98,6 +114,8 @@ def tokenizer_from_json(s: str) -> PreTrainedTokenizerFast:
     data = json.loads(s)
     if data.get("format") != _JSON_FORMAT:
         raise ValueError(f"not a nopeinterp tokenizer JSON (format={data.get('format')!r})")
+    if data.get("kind") == "byte-bpe":
+        return wrap_bpe(Tokenizer.from_str(json.dumps(data["backend"])))
     bos = data.get("bos", True)
     if not isinstance(bos, bool):
         raise ValueError(f"tokenizer JSON: 'bos' must be true or false, got {bos!r}")

@@ -64,7 +64,7 @@ def parse_task_spec(text: str) -> tuple[str, dict]:
 
     Options go to the task's constructor (`get_task(name, **options)`); 'a-b' is a range.
     """
-    from nopeinterp.tasks import TASKS
+    from nopeinterp.tasks import TRAIN_TASKS as TASKS
 
     name, _, rest = text.partition(":")
     if name not in TASKS:
@@ -205,6 +205,7 @@ def _run_claimed(plan: SweepPlan, spec: RunSpec) -> str:
         "steps": cfg.steps,
         "best_step": meta.get("step"),
         "val_accuracy": meta.get("val_accuracy"),
+        "val_loss": meta.get("val_loss"),  # the lm task's selection score
         "val_items": meta.get("val_items"),
         "val_history": meta.get("history"),  # up to the best step: was it still rising?
         "test": plan.test,
@@ -221,7 +222,9 @@ def _run_claimed(plan: SweepPlan, spec: RunSpec) -> str:
         "versions": versions(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    if plan.test != "none":
+    if spec.task == "lm":  # no exact match to decode: lm-eval measures a language model
+        record["test"] = "none"
+    elif plan.test != "none":
         n = plan.eval_n if plan.test == "sampled" else None
         record.update(_test_fields(ckpt, n, spec.task, options))
     _write_json(record_path, record)

@@ -15,6 +15,9 @@ tokens divided by the global batch's target-token count) is the single-process l
 Rank 0 alone evaluates and writes files: the training state (weights, optimizer, scaler,
 step, best validation) every `checkpoint_every` steps to `<out>.state.pt`, and the model with
 the best validation exact match (ID lengths, as the paper selects) to `out`, both atomically.
+The `lm` task (`tasks.lm`: next-token prediction on a corpus) trains on chunks of its
+context, every next token a target, and keeps the model with the lowest validation loss
+(the state's `best_acc` then holds minus that loss: higher is better for both).
 A lock on `<out>.lock` refuses a second run on the same `out`.
 """
 
@@ -35,9 +38,10 @@ from nopeinterp._io import atomic_write_torch, versions
 from nopeinterp.checkpoint import save_checkpoint
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import exact_match
-from nopeinterp.models import PE_TYPES, build_model
+from nopeinterp.lm_eval import token_losses
+from nopeinterp.models import ARCH_TYPES, PE_TYPES, build_model
 from nopeinterp.progress import progress as progress_bar
-from nopeinterp.tasks import TASKS, encode_examples, get_task, task_tokenizer
+from nopeinterp.tasks import LM_TASK, TRAIN_TASKS, encode_examples, get_task, task_tokenizer
 from nopeinterp.training.presets import preset_values
 from nopeinterp.training.runtime import (
     DEVICES,
@@ -65,7 +69,9 @@ class TrainConfig:
     n_heads: int = 4
     d_model: int = 64
     d_mlp: int | None = None
-    attn_scale: bool = True
+    d_head: int | None = None  # default d_model / n_heads
+    arch: str = "default"  # or "t5": the paper's T5 decoder (nopeinterp.models.t5_arch)
+    attn_scale: bool | None = None  # None: the arch's (default scales, t5 does not)
     dropout: float = 0.0
     pe_options: dict = field(default_factory=dict)
     task_options: dict = field(default_factory=dict)  # e.g. {"id_lengths": [2, 10]}
@@ -86,6 +92,8 @@ class TrainConfig:
     stop_after: int | None = None  # stop (as if interrupted) after this step; for tests
 
     def __post_init__(self):
+        if self.attn_scale is None:  # the arch's own: T5 does not scale its logits
+            self.attn_scale = self.arch != "t5"
         self.validate()
 
     def to_dict(self) -> dict:
@@ -93,19 +101,26 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise NopeinterpError naming the first bad value; nothing has run yet."""
-        if self.task not in TASKS:
-            raise NopeinterpError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.task not in TRAIN_TASKS:
+            raise NopeinterpError(
+                f"unknown task {self.task!r}; choose one of {', '.join(TRAIN_TASKS)}"
+            )
         if self.pe not in PE_TYPES:
             raise NopeinterpError(f"unknown pe {self.pe!r}; choose one of {', '.join(PE_TYPES)}")
         for name in ("steps", "batch_size", "n_layers", "n_heads", "d_model", "eval_every"):
             _at_least(self, name, 1)
         for name in ("eval_n", "checkpoint_every", "grad_accum"):
             _at_least(self, name, 1)
-        if self.d_mlp is not None:
-            _at_least(self, "d_mlp", 1)
+        for name in ("d_mlp", "d_head"):
+            if getattr(self, name) is not None:
+                _at_least(self, name, 1)
         if self.stop_after is not None:
             _at_least(self, "stop_after", 1)
-        if self.d_model % self.n_heads:
+        if self.arch not in ARCH_TYPES:
+            raise NopeinterpError(
+                f"unknown arch {self.arch!r}; choose one of {', '.join(ARCH_TYPES)}"
+            )
+        if self.d_head is None and self.d_model % self.n_heads:
             raise NopeinterpError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
             )
@@ -306,20 +321,31 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
     elif not cfg.resume and rt.is_main:
         state_path.unlink(missing_ok=True)  # starting over: an older run's state would mislead
     task = get_task(cfg.task, **cfg.task_options)
-    tokenizer = task_tokenizer(task)
-    val_examples = validation_examples(task, cfg)
-    # n_ctx: the longest ID sequence, what a learned APE table must cover (only APE uses it).
-    # Measured on many samples at the longest ID length plus the validation set itself.
-    longest = task.generate(1000, lengths=task.id_lengths[1], seed=cfg.seed, split="train")
-    n_ctx = (
-        int(encode_examples(tokenizer, [*longest, *val_examples]).attention_mask.sum(1).max()) + 2
-    )
+    lm = cfg.task == LM_TASK
+    if lm:  # chunks of the corpus: the context is the longest sequence
+        tokenizer, n_ctx = task.tokenizer(), task.context
+        val_examples = task.val_batch(cfg.eval_n)
+        task_meta = {"context": task.context, "corpus_tokens": task.token_counts()}
+    else:
+        tokenizer = task_tokenizer(task)
+        val_examples = validation_examples(task, cfg)
+        # n_ctx: the longest ID sequence, what a learned APE table must cover (only APE uses
+        # it). Measured on many samples at the longest ID length plus the validation set.
+        longest = task.generate(1000, lengths=task.id_lengths[1], seed=cfg.seed, split="train")
+        batch = encode_examples(tokenizer, [*longest, *val_examples])
+        n_ctx = int(batch.attention_mask.sum(1).max()) + 2
+        task_meta = {
+            "train_lengths": list(task.id_lengths),
+            "ood_lengths": list(task.ood_lengths),
+        }
     model = build_model(
         cfg.pe,
         n_layers=cfg.n_layers,
         n_heads=cfg.n_heads,
         d_model=cfg.d_model,
         d_mlp=cfg.d_mlp,
+        d_head=cfg.d_head,
+        arch=cfg.arch,
         d_vocab=len(tokenizer),
         n_ctx=n_ctx,
         seed=cfg.seed,
@@ -336,7 +362,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
         optimizer, lambda s: lr_factor(s, cfg.steps, warmup_steps)
     )
     scaler = rt.grad_scaler()
-    start, best_acc, history, wall = 0, -1.0, [], 0.0
+    start, best_acc, history, wall = 0, -math.inf, [], 0.0
     if state is not None:
         model.load_state_dict(state["model"], strict=False)
         optimizer.load_state_dict(state["optimizer"])
@@ -371,24 +397,23 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
         }
         atomic_write_torch(state_path, snapshot)
 
-    def save_best(step, val_acc):
+    def save_best(step, scores):
         save_checkpoint(
             model,
             out,
             tokenizer=tokenizer,
             dtype=torch.float16 if cfg.dtype == "float16" else None,
             task=cfg.task,
-            task_options={
-                k: list(v) if isinstance(v, tuple) else v for k, v in cfg.task_options.items()
-            },
+            task_options=task.options  # lm: the corpus as an absolute path, all defaults
+            if lm
+            else {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.task_options.items()},
             seed=cfg.seed,
             step=step,
             steps=cfg.steps,
-            train_lengths=list(task.id_lengths),
-            ood_lengths=list(task.ood_lengths),
-            val_accuracy=val_acc,
+            **task_meta,
+            **scores,  # val_accuracy (exact match), or val_loss for lm
             val_items=len(val_examples),
-            history=list(history),  # loss and validation exact match at each evaluation so far
+            history=list(history),  # loss and the validation score at each evaluation so far
             wall_time_s=round(wall, 1),
             train_config={k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY},
             throughput=dict(speed),
@@ -412,13 +437,17 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
         desc=f"{cfg.task}/{cfg.pe}",
         disable=not (cfg.progress and rt.is_main),
     )
-    last_val = history[-1]["val_accuracy"] if history else float("nan")
+    val_key = "val_loss" if lm else "val_accuracy"
+    last_val = history[-1][val_key] if history else float("nan")
     tokens_seen, train_time, stopped = 0, 0.0, False
     model.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         torch.manual_seed((cfg.seed * 1_000_003 + step) * 1024 + rt.rank)  # dropout masks
-        batch = encode_examples(tokenizer, train_examples(task, cfg, step))
+        if lm:
+            batch = task.train_batch(cfg.batch_size, cfg.seed, step)
+        else:
+            batch = encode_examples(tokenizer, train_examples(task, cfg, step))
         n_target = int(batch.target_mask.sum())
         chunks = micro_batches(batch, rt.rank, rt.world_size, cfg.grad_accum)
         optimizer.zero_grad(set_to_none=True)
@@ -455,16 +484,19 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             model.eval()
             t0 = time.perf_counter()
             with rt.autocast():
-                correct = exact_match(model, tokenizer, task, val_examples)
-            val_acc = sum(correct) / len(val_examples)
+                if lm:
+                    last_val = float(token_losses(model, val_examples.tokens).double().mean())
+                    score = -last_val
+                else:
+                    correct = exact_match(model, tokenizer, task, val_examples)
+                    last_val = score = sum(correct) / len(val_examples)
             wall += time.perf_counter() - t0
             model.train()
             loss_value = float(loss_sum) / rt.world_size
-            history.append({"step": done, "loss": loss_value, "val_accuracy": val_acc})
-            last_val = val_acc
-            if val_acc > best_acc:
-                best_acc = val_acc
-                save_best(done, val_acc)
+            history.append({"step": done, "loss": loss_value, val_key: last_val})
+            if score > best_acc:
+                best_acc = score
+                save_best(done, {val_key: last_val})
         stopped = cfg.stop_after is not None and cfg.stop_after <= done < cfg.steps
         if rt.is_main and (done % cfg.checkpoint_every == 0 or stopped) and done < cfg.steps:
             save_state(done)

@@ -1,0 +1,325 @@
+"""Language models on real text: the study fixed in analyses/PROTOCOL.md ("Language models on
+real text"), run resumably, one committed record per run, and its REPORT.md section.
+
+    python analyses/lm_study.py pilot            # seconds per training step per PE, 1 thread
+    python analyses/lm_study.py run [--max-runs N] [--no-commit]
+    python analyses/lm_study.py report           # tables, figures, REPORT.md section
+
+`run` trains each (PE, seed) of the protocol in order through the sweep machinery (a run
+folder under runs/lm/, git-ignored; an interrupted run resumes from its training state),
+then measures it (`nopeinterp.lm_eval.lm_eval`, `nopeinterp.probing.probe_position` with
+its random-init control, `nopeinterp.probing.attention_sinks`) and commits one small record,
+analyses/results/lm/records/<run>.json. A run with a committed record is skipped, so the
+command is rerun until every run is done. `report` reads only the committed records.
+Nothing here computes a number: the numbers come from nopeinterp's own functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, ROOT, to_markdown, write_figure, write_table  # noqa: E402
+
+# --- the protocol (analyses/PROTOCOL.md, "Language models on real text"): one definition ----
+PES = ("nope", "t5", "alibi", "rotary", "sinusoidal", "fire")
+SEEDS = (0, 1)
+TASK_OPTIONS = {"corpus": "stdlib", "context": 256, "vocab_size": 4096}
+PRESET = "lm"  # the training recipe: nopeinterp/training/presets.py, defined there once
+OVERRIDES: dict = {}  # TrainConfig values on top of the preset (none in the protocol)
+EVAL = dict(
+    lengths=(256, 512, 1024, 2048),
+    mode="nonoverlap",
+    max_windows=32,
+    depths=(0.0, 0.25, 0.5, 0.75, 1.0),
+    trials=20,
+    seed=0,
+)
+PROBE = dict(n_fit=200, n_val=50, n_id=100, n_ood=40, ood_length=512)
+SINK_LENGTH, SINK_WINDOWS, SINK_THRESHOLD = 64, 64, 0.3  # Gu et al. 2024: 64-token prompts
+
+RUNS = ROOT / "runs" / "lm"
+OUT = RESULTS / "lm"
+RECORDS = OUT / "records"
+REPORT = ROOT / "analyses" / "REPORT.md"
+BEGIN, END = "<!-- lm-study:begin -->", "<!-- lm-study:end -->"
+
+
+def run_names() -> list[tuple[str, int]]:
+    """Seed-major: every PE's seed 0 first, so a study cut short compares all PEs."""
+    return [(pe, seed) for seed in SEEDS for pe in PES]
+
+
+def run_name(pe: str, seed: int) -> str:
+    return f"lm-{pe}-seed{seed}"
+
+
+def _spec() -> str:
+    return "lm:" + ",".join(f"{k}={v}" for k, v in TASK_OPTIONS.items())
+
+
+# --- pilot -----------------------------------------------------------------------------------
+def pilot(steps: int) -> None:
+    """Seconds per training step of every PE at the protocol's size, 1 thread (not a counted
+    run: a throwaway folder, the first step not timed)."""
+    import tempfile
+
+    import torch
+
+    from nopeinterp.checkpoint import load_checkpoint
+    from nopeinterp.training import make_config, train
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        for pe in PES:
+            out = Path(tmp) / f"{pe}.pt"
+            kw = {**OVERRIDES, "steps": steps + 1, "eval_every": 10_000, "checkpoint_every": 10_000}
+            t0 = time.time()
+            train(
+                make_config(
+                    "lm", pe, out, preset=PRESET, task_options=TASK_OPTIONS, progress=False, **kw
+                )
+            )
+            meta = load_checkpoint(out).meta
+            sps = meta["throughput"]["steps_per_s"]
+            print(f"{pe}: {1 / sps:.3f} s/step ({steps + 1} steps incl. the first, "
+                  f"wall {time.time() - t0:.1f} s with the corpus load and the final validation)",
+                  flush=True)  # fmt: skip
+
+
+# --- one run's measurements ---------------------------------------------------------------------
+def _held_out(tokenizer):
+    """The test split's stream, and disjoint token sets for probes and sinks."""
+    from nopeinterp.tasks.lm import chunks, read_corpus, token_stream
+
+    stream = token_stream(tokenizer, read_corpus(TASK_OPTIONS["corpus"]).documents["test"])
+    ctx = TASK_OPTIONS["context"]
+    n_id = PROBE["n_fit"] + PROBE["n_val"] + PROBE["n_id"]
+    short = chunks(stream[: n_id * ctx], ctx)
+    rest = stream[n_id * ctx :]
+    ood = chunks(rest, PROBE["ood_length"])[: PROBE["n_ood"]]
+    a, b = PROBE["n_fit"], PROBE["n_fit"] + PROBE["n_val"]
+    probe_sets = {"fit": short[:a], "val": short[a:b], "ID": short[b:], "OOD": ood}
+    sink_tokens = chunks(rest[len(ood) * PROBE["ood_length"] :], SINK_LENGTH)[:SINK_WINDOWS]
+    return probe_sets, sink_tokens
+
+
+def measure(ckpt_path: Path) -> dict:
+    """lm-eval, position probes (with the random-init control) and the sink share."""
+    from nopeinterp.checkpoint import load_checkpoint
+    from nopeinterp.lm_eval import lm_eval
+    from nopeinterp.probing import attention_sinks, probe_position
+
+    ckpt = load_checkpoint(ckpt_path)
+    t0 = time.time()
+    ev = lm_eval(ckpt, name=ckpt_path.parent.name, progress=False, **EVAL)
+    t_eval = time.time() - t0
+    probe_sets, sink_tokens = _held_out(ckpt.tokenizer)
+    probe = probe_position(ckpt, probe_sets, progress=False, shuffle_control=False)
+    mae = probe.table[(probe.table["metric"] == "mae")]
+    sinks = attention_sinks(ckpt, {"ID": sink_tokens}, progress=False)
+    heads = sinks.dilution
+    return {
+        "perplexity": ev.perplexity.drop(columns=["model"]).to_dict("records"),
+        "loss_by_position": _coarse(ev.table),
+        "passkey": ev.passkey.drop(columns=["model"]).to_dict("records"),
+        "probe_mae": mae[["model", "layer", "split", "value", "n"]].to_dict("records"),
+        "sink_share": float((heads["first_mass"] > SINK_THRESHOLD).mean()),
+        "sink_heads": heads[["layer", "head", "first_mass"]].to_dict("records"),
+        "eval_meta": {k: v for k, v in ev.meta.items() if k not in ("title", "models")},
+        "eval_wall_s": round(t_eval, 1),
+    }
+
+
+def _coarse(table) -> list[dict]:
+    """Loss by position in the figure's bins (the full table is recomputable from the run)."""
+    from nopeinterp.viz.lm import binned
+
+    out = []
+    for length, rows in table.groupby("length"):
+        x, y = binned(rows)
+        out += [{"length": int(length), "position": float(p), "loss": float(v)} for p, v in zip(x, y, strict=True)]  # fmt: skip
+    return out
+
+
+# --- the driver -------------------------------------------------------------------------------
+def run(max_runs: int | None, commit: bool) -> None:
+    import torch
+
+    from nopeinterp.training.sweep import CHECKPOINT, RECORD, run_sweep
+
+    torch.set_num_threads(1)
+    done = 0
+    for pe, seed in run_names():
+        name = run_name(pe, seed)
+        dest = RECORDS / f"{name}.json"
+        if dest.exists():
+            continue
+        if max_runs is not None and done >= max_runs:
+            break
+        statuses = run_sweep(
+            [_spec()], [pe], [seed], RUNS, preset=PRESET, overrides=dict(OVERRIDES), test="none"
+        )
+        folder = RUNS / next(iter(statuses))
+        if not (folder / RECORD).exists():
+            print(f"{name}: {statuses} (no record: rerun to continue)")
+            return
+        record = json.loads((folder / RECORD).read_text())
+        record.update(run=name, protocol={"eval": EVAL, "probe": PROBE})  # training: "config"
+        record.update(measure(folder / CHECKPOINT))
+        from nopeinterp._io import atomic_write_text
+
+        atomic_write_text(dest, json.dumps(record, indent=1, sort_keys=True, default=str))
+        print(f"{name}: record {dest}", flush=True)
+        if commit:
+            subprocess.run(["git", "add", str(dest)], cwd=ROOT, check=True)
+            msg = f"lm study: {name} (val loss {record['val_loss']:.3f}, {record['run_wall_s']} s)"
+            subprocess.run(
+                ["git", "commit", "-q", "-m", msg, "--", str(dest)], cwd=ROOT, check=True
+            )
+        done += 1
+
+
+# --- the report -------------------------------------------------------------------------------
+def _records() -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(RECORDS.glob("*.json"))]
+
+
+def report() -> None:
+    import pandas as pd
+
+    from nopeinterp.viz.lm import loss_by_position_figure, passkey_figure
+
+    records = _records()
+    planned = [run_name(pe, s) for pe, s in run_names()]
+    have = [r["run"] for r in records]
+    paths = []
+    lines = [
+        BEGIN,
+        "## Language models on real text (Python standard library, context 256)",
+        "",
+        "Protocol: analyses/PROTOCOL.md, \"Language models on real text\", fixed before the "
+        "runs. Regenerated by `python analyses/lm_study.py report` from the committed records "
+        "in analyses/results/lm/records/.",
+        "",
+        f"Runs finished: {len(have)} of {len(planned)}"
+        + (f" (missing: {', '.join(r for r in planned if r not in have)})" if len(have) < len(planned) else "")
+        + ".",
+        "",
+    ]  # fmt: skip
+    if not records:
+        lines += ["No run has finished yet; nothing below is a result.", END]
+        _write_section("\n".join(lines) + "\n")
+        return
+    ppl = pd.DataFrame([{"run": r["run"], "pe": r["pe"], "seed": r["seed"], **p} for r in records for p in r["perplexity"]])  # fmt: skip
+    runs = pd.DataFrame(
+        [
+            {
+                "run": r["run"],
+                "pe": r["pe"],
+                "seed": r["seed"],
+                "val_loss": r["val_loss"],
+                "best_step": r["best_step"],
+                "train_s": r["run_wall_s"],
+                "sink_share": r["sink_share"],
+            }
+            for r in records
+        ]
+    )
+    wide = ppl.pivot_table(index=["pe", "seed"], columns="length", values="loss").reset_index()
+    wide.columns = [c if isinstance(c, str) else f"loss@{c}" for c in wide.columns]
+    past = ppl.pivot_table(index=["pe", "seed"], columns="length", values="loss_past_context")
+    past = past.drop(columns=[c for c in past.columns if past[c].isna().all()]).reset_index()
+    past.columns = [c if isinstance(c, str) else f"past256@{c}" for c in past.columns]
+    keys = pd.DataFrame([{"run": r["run"], "pe": r["pe"], "seed": r["seed"], **p} for r in records for p in r["passkey"]])  # fmt: skip
+    key_len = (
+        keys.groupby(["pe", "seed", "length"])["accuracy"].mean().unstack("length").reset_index()
+    )
+    key_len.columns = [c if isinstance(c, str) else f"passkey@{c}" for c in key_len.columns]
+    probes = pd.DataFrame([{"run": r["run"], "pe": r["pe"], "seed": r["seed"], **p} for r in records for p in r["probe_mae"]])  # fmt: skip
+    probe_id = (
+        probes[probes["split"] == "ID"]
+        .pivot_table(index=["pe", "seed", "model"], columns="layer", values="value")
+        .reset_index()
+    )
+    probe_id.columns = [c if isinstance(c, str) else f"MAE L{c}" for c in probe_id.columns]
+    out = OUT / "tables"
+    paths += write_table(runs, out, "runs", title="Runs")
+    paths += write_table(wide, out, "loss_by_length", title="Mean loss (nats) by window length")
+    paths += write_table(past, out, "loss_past_context", title="Mean loss at positions >= 256")
+    paths += write_table(key_len, out, "passkey_by_length", title="Passkey accuracy by length (mean over depths)")  # fmt: skip
+    paths += write_table(probe_id, out, "probe_mae", title="Position probe MAE (positions) on held-out 256-token text, ID split")  # fmt: skip
+    coarse = pd.DataFrame([{"model": r["run"], "length": q["length"], "position": q["position"], "loss": q["loss"], "n": 1} for r in records for q in r["loss_by_position"]])  # fmt: skip
+    fig = loss_by_position_figure(coarse, {"all": TASK_OPTIONS["context"]}, title="Loss by position at 2048 tokens (trained at 256)")  # fmt: skip
+    paths += write_figure(fig, OUT, "loss_by_position")
+    keys["model"] = keys["run"]
+    paths += write_figure(passkey_figure(keys), OUT, "passkey")
+    lines += [
+        "Mean loss per window length (non-overlapping windows of the test split; lower is "
+        "better; the models never saw a position past 255):",
+        "",
+        to_markdown(wide),
+        "Mean loss at positions >= 256 only:",
+        "",
+        to_markdown(past),
+        "Passkey retrieval accuracy per length (mean over 5 depths, 20 trials each):",
+        "",
+        to_markdown(key_len),
+        "Position probe (ridge regression on the residual stream, 256-token held-out text): "
+        "mean absolute error in positions per layer, trained model and its random-init "
+        "control (a constant guess of the mean position scores about 64):",
+        "",
+        to_markdown(probe_id),
+        f"Runs: best validation loss, its step, training seconds and the first-token sink "
+        f"share (heads with mean attention to the first token > {SINK_THRESHOLD} on "
+        f"{SINK_LENGTH}-token held-out windows):",
+        "",
+        to_markdown(runs),
+        "Figures: analyses/results/lm/loss_by_position.html, analyses/results/lm/passkey.html.",
+        END,
+    ]
+    _write_section("\n".join(lines) + "\n")
+    paths.append(REPORT)
+    for p in paths:
+        print(p)
+
+
+def _write_section(text: str) -> None:
+    from nopeinterp._io import atomic_write_text
+
+    body = REPORT.read_text()
+    if BEGIN in body and END in body:
+        head, rest = body.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        body = head + text.rstrip("\n") + tail
+    else:
+        body = body.rstrip("\n") + "\n\n" + text
+    atomic_write_text(REPORT, body)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    q = sub.add_parser("pilot")
+    q.add_argument("--steps", type=int, default=5)
+    q = sub.add_parser("run")
+    q.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
+    q.add_argument("--no-commit", action="store_true", help="write records without committing")
+    sub.add_parser("report")
+    args = p.parse_args(argv)
+    if args.command == "pilot":
+        pilot(args.steps)
+    elif args.command == "run":
+        run(args.max_runs, not args.no_commit)
+    else:
+        report()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
