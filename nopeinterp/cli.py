@@ -143,6 +143,9 @@ def _add_train_flags(p) -> None:
     p.add_argument(
         "--val-set", default=S, help="sampled (default) or eval_set (each held-out item once)"
     )
+    p.add_argument(
+        "--stop-at-val", type=float, default=S, help="finish once validation reaches this"
+    )
     p.add_argument("--device", default=S, help="auto, cpu, cuda or mps")
     p.add_argument("--precision", default=S, help="fp32, bf16 or fp16 (autocast)")
 
@@ -343,6 +346,34 @@ def cmd_heads(args) -> int:
             "head taxonomy (labels per layer and head):",
         ),
     )
+
+
+def cmd_attention_regions(args) -> int:
+    import pandas as pd
+
+    from nopeinterp.probing.regions import RegionResult, attention_regions
+    from nopeinterp.zoo import checkpoint_files
+
+    paths = checkpoint_files(args.checkpoint)
+    results = [
+        attention_regions(
+            _load(path),
+            lengths=args.lengths,
+            n=args.n,
+            tokens=args.tokens,
+            layers=args.layers,
+            batch_size=args.batch_size,
+        )
+        for path in paths
+    ]
+    result = results[0] if len(results) == 1 else RegionResult.concat(results)
+    print(
+        "attention mass by attended region (columns), per generated token's region, mean over heads:"
+    )
+    with pd.option_context("display.width", 200):
+        print(_fmt(result.pivot()))
+    _save(result, args.out)
+    return 0
 
 
 def cmd_compare_attention(args) -> int:
@@ -616,6 +647,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-eval", type=int, default=128, help="sequences per evaluated split")
     _out(p)
     p.set_defaults(func=cmd_heads)
+
+    p = sub.add_parser(
+        "attention-regions",
+        help="attention mass on the prompt, each scratchpad component and the earlier answer, "
+        "per generated token, layer and head",
+    )
+    p.add_argument("checkpoint", help="a checkpoint, or a directory: every checkpoint in it")
+    p.add_argument("--lengths", type=parse_lengths, default=None, help="default: ID and OOD ranges")
+    p.add_argument("--n", type=_args.positive_int, default=8, help="examples per length")
+    p.add_argument(
+        "--tokens",
+        choices=("generated", "gold"),
+        default="generated",
+        help="the model's greedy output (default) or the gold targets, teacher-forced",
+    )
+    p.add_argument(
+        "--layers", type=parse_layers, default=None, help="comma-separated, e.g. 0,1 (default all)"
+    )
+    p.add_argument("--batch-size", type=_args.positive_int, default=8)
+    _out(p)
+    p.set_defaults(func=cmd_attention_regions)
 
     p = sub.add_parser(
         "compare-attention", help="JSD between NoPE's attention and each reference PE"

@@ -28,6 +28,7 @@ from nopeinterp.data import (
 from nopeinterp.progress import progress as progress_bar
 from nopeinterp.results import Result
 from nopeinterp.tasks import Example, decode_answer, encode_examples
+from nopeinterp.tasks.scratchpad import score_steps
 
 
 def _left_pad(batch, pad_id):
@@ -123,6 +124,20 @@ def exact_match(model, tokenizer, task, examples, *, batch_size=64, use_cache=Tr
     return [task.is_correct(ex, a) for ex, a in zip(examples, answers, strict=True)]
 
 
+def scratchpad_columns(examples, answers) -> dict:
+    """Step scores of one length's answers: `steps_right` (mean share of gold steps written
+    right, at their index), `all_steps_right` (items with every step right and no extra one)
+    and `first_wrong_step` (mean index of the first wrong or missing step, over the items
+    that have one; NaN when none has)."""
+    scores = [score_steps(ex.target, a) for ex, a in zip(examples, answers, strict=True)]
+    wrong = [s.first_wrong for s in scores if s.first_wrong is not None]
+    return {
+        "steps_right": sum(s.share_right for s in scores) / len(scores),
+        "all_steps_right": len(scores) - len(wrong),
+        "first_wrong_step": sum(wrong) / len(wrong) if wrong else math.nan,
+    }
+
+
 ERROR_KINDS = ("correct", "too short", "too long", "wrong words")
 
 
@@ -158,8 +173,13 @@ class EvalResult(Result):
             ok_n=table["n"].where(table["evaluable"], 0),
             not_evaluable=~table["evaluable"].astype(bool),
         )
+        steps = "steps_right" in table
+        if steps:  # a share per item: weighted by items, like the accuracy
+            t["ok_steps"] = (table["steps_right"] * table["n"]).where(table["evaluable"], 0)
+            t["ok_all_steps"] = table["all_steps_right"].where(table["evaluable"], 0)
+        step_cols = ["ok_steps", "ok_all_steps"] if steps else []
         g = t.groupby(["model", "pe", "split"], sort=False)[
-            ["ok_correct", "ok_n", "not_evaluable", *kinds]
+            ["ok_correct", "ok_n", "not_evaluable", *kinds, *step_cols]
         ].sum()
         n = g["ok_n"].where(g["ok_n"] > 0)
         out = pd.DataFrame(
@@ -168,6 +188,11 @@ class EvalResult(Result):
                 "n": g["ok_n"].astype(int),
                 "lengths_not_evaluable": g["not_evaluable"].astype(int),
                 **{k: g[k] / n for k in kinds},
+                **(
+                    {"steps_right": g["ok_steps"] / n, "all_steps_right": g["ok_all_steps"] / n}
+                    if steps
+                    else {}
+                ),
             }
         )
         return out.reset_index()
@@ -199,6 +224,18 @@ class EvalResult(Result):
         return cls(pd.concat([r.table for r in results], ignore_index=True), meta)
 
 
+def model_and_task(model, data=None, name: str | None = None):
+    """(ModelInput, Task, tokenizer) of a model and its task: `data` (a task name, Task, dict
+    or (task, tokenizer) pair) or, when None, the checkpoint's own task with its options."""
+    mi = as_model(model, name)
+    if data is None:
+        data = mi.task_spec
+        if data is None:
+            raise ValueError(f"{mi.name}: records no task; pass data= (a task name or Task)")
+    task, tokenizer = resolve_task(data, mi.tokenizer, mi.model)
+    return mi, task, tokenizer
+
+
 def evaluate(
     model,
     data=None,
@@ -225,18 +262,14 @@ def evaluate(
     `n=None`: each length's items of the task's evaluation set instead (`Task.eval_set`: every
     item once, the task's default size; SCAN's OOD lengths: the whole pool).
     `error_kinds=True` adds one count column per kind of wrong answer (`ERROR_KINDS`: too
-    short, too long, wrong words; see `error_kind`).
+    short, too long, wrong words; see `error_kind`). A task with a scratchpad is scored on the
+    answer after its closing marker, and gets the step columns of `scratchpad_columns`.
     """
     if n is not None and n < 1:
         raise ValueError(f"n (examples per length) must be >= 1, got {n}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    mi = as_model(model, name)
-    if data is None:
-        data = mi.task_spec
-        if data is None:
-            raise ValueError(f"{mi.name}: records no task; pass data= (a task name or Task)")
-    task, tokenizer = resolve_task(data, mi.tokenizer, mi.model)
+    mi, task, tokenizer = model_and_task(model, data, name)
     if lengths is None:
         lengths = task_lengths(task)
     else:
@@ -281,6 +314,8 @@ def evaluate(
         row = {**row, "correct": correct, "accuracy": correct / len(kinds), "evaluable": True}
         if error_kinds:
             row.update({k: kinds.count(k) for k in ERROR_KINDS[1:]})
+        if task.scratchpad:
+            row.update(scratchpad_columns(examples, answers))
         rows.append(row)
     if not rows:
         raise ValueError(f"no evaluable lengths among {list(lengths)} for task {task.name}")

@@ -48,6 +48,36 @@ RUN_COLUMNS = ("split", "pe", "seed", "ood_accuracy")
 PAPER_MRR_EXCLUDED = ("len", "pcfg/productivity")
 
 
+PAPER_SCRATCHPAD = PAPER_RESULTS.with_name("official_scratchpad_addition.csv")
+_PAPER_COMPONENTS = "icovr"  # the letters of its i{0,1}_c{0,1}_o{0,1}_v{0,1}_r{0,1} names
+
+
+def paper_scratchpad_runs(path: str | Path | None = None) -> pd.DataFrame:
+    """The paper's scratchpad runs on addition (ID <= 8 digits, OOD 9-16), one row per PE and
+    seed: task, scratchpad (our format letters, e.g. 'icovr'), pe (our name), seed,
+    ood_accuracy, val_accuracy. Runs with no recorded result (one Rotary seed) are left out."""
+    raw = pd.read_csv(PAPER_SCRATCHPAD if path is None else path)
+    unknown = sorted(set(raw["pe"]) - set(PAPER_PES))
+    if unknown:
+        raise ComparisonError(f"{path}: unknown positional encodings {unknown}")
+    raw = raw.dropna(subset=["test_acc_overall"])
+
+    def letters(name: str) -> str:  # 'i1_c1_o1_v0_r1' -> 'icor'
+        flags = [part[-1] == "1" for part in name.split("_")]
+        return "".join(c for c, on in zip(_PAPER_COMPONENTS, flags, strict=True) if on) or "none"
+
+    return pd.DataFrame(
+        {
+            "task": raw["dataset"].str.replace("s2s_", "", regex=False),
+            "scratchpad": raw["scratchpad"].map(letters),
+            "pe": raw["pe"].map(PAPER_PES),
+            "seed": raw["seed"].astype(int),
+            "ood_accuracy": raw["test_acc_overall"].astype(float),
+            "val_accuracy": raw["valid_acc_overall"].astype(float),
+        }
+    ).reset_index(drop=True)
+
+
 class ComparisonError(NopeinterpError, ValueError):
     """A run table that cannot be compared (missing columns, duplicate runs, bad values)."""
 

@@ -367,3 +367,22 @@ def test_cli_eval_error_kinds(ckpt_dir, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "too short" in printed and "wrong words" in printed
     assert "too long" in pd.read_csv(tmp_path / "accuracy_by_length.csv").columns
+
+
+def test_stop_at_val_finishes_at_the_first_evaluation_that_reaches_it(tmp_path, monkeypatch):
+    import nopeinterp.training.trainer as trainer
+
+    calls = []
+
+    def fake_exact_match(model, tokenizer, task, examples):  # 0.5, then 1.0
+        calls.append(1)
+        return [len(calls) > 1] * len(examples)
+
+    monkeypatch.setattr(trainer, "exact_match", fake_exact_match)
+    cfg = small_config(tmp_path, steps=60, eval_every=10, stop_at_val=0.95)
+    meta = load_checkpoint(train(cfg)).meta
+    assert [h["step"] for h in meta["history"]] == [10, 20]
+    assert meta["step"] == 20 and meta["val_accuracy"] == 1.0
+    assert not (tmp_path / "m.pt.state.pt").exists()  # finished, not interrupted
+    with pytest.raises(NopeinterpError, match="stop_at_val"):
+        small_config(tmp_path, stop_at_val=1.5)

@@ -8,6 +8,7 @@ logits (Theorem 2).
     erase_position(model_or_ckpt, data=None) -> ErasureResult   # LEACE erasure + random control
     attention_sinks(model_or_ckpt, data=None) -> SinkResult     # first-token mass, entropy vs log n
     classify_heads(model_or_ckpt, data=None) -> HeadTaxonomy    # positional head labels
+    attention_regions(model_or_ckpt, data=None) -> RegionResult # mass on prompt / scratchpad parts
 """
 
 from nopeinterp.probing.distance import (
@@ -23,6 +24,7 @@ from nopeinterp.probing.position import (
     probe_layers,
     probe_position,
 )
+from nopeinterp.probing.regions import RegionResult, attention_regions
 from nopeinterp.probing.ridge import DEFAULT_ALPHAS, RidgePath, RidgeProbe, RidgeStats, fit_ridge
 
 __all__ = [
@@ -32,10 +34,12 @@ __all__ = [
     "ErasureResult",
     "HeadTaxonomy",
     "ProbeResult",
+    "RegionResult",
     "RidgePath",
     "RidgeProbe",
     "RidgeStats",
     "SinkResult",
+    "attention_regions",
     "attention_sinks",
     "classify_heads",
     "distance_dependence",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from .base import Example, Task, answer_sentence, spaced_digits, unique_words
+from .scratchpad import Step
 
 DIGITS = [str(d) for d in range(10)]
 ANSWER_WORDS = ["The", "answer", "is", "."]
@@ -28,9 +29,11 @@ class AdditionTask(Task):
     id_lengths = (1, 8)
     ood_lengths = (9, 16)
     separator = "?"
+    scratchpad_components = "icovr"
+    scratchpad_words = (",", "+", "=", "carry", ":")
 
     def vocab(self) -> list[str]:
-        return ["Compute", "+", "?", *DIGITS, *ANSWER_WORDS]
+        return unique_words(["Compute", "+", "?", *DIGITS, *ANSWER_WORDS], self.scratchpad_vocab())
 
     def sample(self, length: int, rng: random.Random) -> Example:
         a = _random_number(length, rng)
@@ -38,7 +41,31 @@ class AdditionTask(Task):
         if rng.random() < 0.5:
             a, b = b, a
         prompt = f"Compute {spaced_digits(a)} + {spaced_digits(b)} ?"
-        return Example(prompt, answer_sentence(spaced_digits(a + b)), length)
+        target = self.target(answer_sentence(spaced_digits(a + b)), lambda: self.steps(a, b))
+        return Example(prompt, target, length)
+
+    @staticmethod
+    def steps(a: int, b: int) -> list[Step]:
+        """Column addition from the least significant digit, the shorter number padded with
+        0; the variable is the carry; a last step writes a final carry (official processor)."""
+        width = max(len(str(a)), len(str(b)))
+        da, db = str(a).zfill(width), str(b).zfill(width)
+
+        def rest(digits: str) -> str:  # what is left of a number, as a number ('' if nothing)
+            return spaced_digits(int(digits)) if digits else ""
+
+        steps, carry = [], 0
+        for i in range(width - 1, -1, -1):
+            x, y = int(da[i]), int(db[i])
+            total = x + y + carry
+            comp = f"{x} + {y} + carry = {spaced_digits(x + y)} + {carry} = {spaced_digits(total)}"
+            out, carry = total % 10, total // 10
+            remaining = f"{rest(da[:i])} + {rest(db[:i])}".strip()
+            steps.append(Step(f"{x} , {y}", comp, str(out), f"carry : {carry}", remaining))
+        if carry:
+            comp = f"0 + 0 + carry = 0 + {carry} = {carry}"
+            steps.append(Step("0 , 0", comp, str(carry), "carry : 0", "+"))
+        return steps
 
 
 class SummationTask(Task):
@@ -51,14 +78,30 @@ class SummationTask(Task):
     id_lengths = (1, 8)
     ood_lengths = (9, 16)
     separator = "."
+    scratchpad_components = "icovr"
+    scratchpad_words = ("+", "=", "sum", ":")
 
     def vocab(self) -> list[str]:
-        return ["Compute", ":", *DIGITS, *ANSWER_WORDS]
+        return unique_words(["Compute", ":", *DIGITS, *ANSWER_WORDS], self.scratchpad_vocab())
 
     def sample(self, length: int, rng: random.Random) -> Example:
         ds = [rng.randint(1, 9) for _ in range(length)]
         prompt = f"Compute : {' '.join(map(str, ds))} ."
-        return Example(prompt, answer_sentence(str(sum(ds) % 10)), length)
+        target = self.target(answer_sentence(str(sum(ds) % 10)), lambda: self.steps(ds))
+        return Example(prompt, target, length)
+
+    @staticmethod
+    def steps(ds: list[int]) -> list[Step]:
+        """One digit per step; the variable is the running sum mod 10 (official processor,
+        stripped form). The remaining input is written as the prompt writes it."""
+        steps, total = [], 0
+        for i, d in enumerate(ds):
+            out = spaced_digits(d + total)
+            comp = f"{d} + sum = {d} + {total} ="
+            variables = f"sum : {out} = {(d + total) % 10}"
+            total = (d + total) % 10
+            steps.append(Step(str(d), comp, out, variables, " ".join(map(str, ds[i + 1 :]))))
+        return steps
 
 
 class PolynomialTask(Task):
@@ -77,11 +120,13 @@ class PolynomialTask(Task):
     coeffs = range(-3, 4)
     degrees = range(0, 4)
     xs = range(-2, 3)
+    scratchpad_components = "icovr"
+    scratchpad_words = ("-", "sum", ":")
 
     def vocab(self) -> list[str]:
         signed = [str(v) for v in range(-3, 4)]  # covers coefficients, degrees and x
         words = ["Evaluate", "at", "x", "=", "in", "*", "**", "+", "?", *ANSWER_WORDS]
-        return unique_words(words, signed, DIGITS)
+        return unique_words(words, signed, DIGITS, self.scratchpad_vocab())
 
     def sample(self, length: int, rng: random.Random) -> Example:
         x = rng.choice(self.xs)
@@ -89,4 +134,21 @@ class PolynomialTask(Task):
         value = sum(c * x**d for c, d in terms) % 10
         poly = " + ".join(f"{c} * x ** {d}" for c, d in terms)
         prompt = f"Evaluate at x = {x} in {poly} ?"
-        return Example(prompt, answer_sentence(str(value)), length)
+        target = self.target(answer_sentence(str(value)), lambda: self.steps(x, terms))
+        return Example(prompt, target, length)
+
+    @staticmethod
+    def steps(x: int, terms: list[tuple[int, int]]) -> list[Step]:
+        """One term per step; the variable is the running sum mod 10 (official processor,
+        stripped form). Numbers read from the prompt keep its one-word form (``-3``), computed
+        ones are spaced digits (``- 2 4``)."""
+        steps, total = [], 0
+        for i, (c, d) in enumerate(terms):
+            value = c * x**d
+            comp = f"{c} * {x} ** {d} = {c} * {spaced_digits(x**d)}"
+            out = spaced_digits(value)
+            variables = f"sum : {total} + {out} = {(total + value) % 10}"
+            total = (total + value) % 10
+            remaining = " + ".join(f"{c2} * x ** {d2}" for c2, d2 in terms[i + 1 :])
+            steps.append(Step(f"{c} * x ** {d}", comp, out, variables, remaining))
+        return steps

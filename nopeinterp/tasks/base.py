@@ -113,6 +113,11 @@ class Task(ABC):
     # Items per length of the default eval sets; "all" = the whole pool (only where it is listed)
     test_size: int | str = 100
     val_size: int | str = 25
+    # Scratchpad (see tasks/scratchpad.py): the components this task's steps have ('' = the
+    # task has no scratchpad), the words its steps use, and the format chosen ('' = none).
+    scratchpad_components: str = ""
+    scratchpad_words: tuple[str, ...] = ()
+    scratchpad: str = ""
 
     def __init__(
         self,
@@ -120,7 +125,20 @@ class Task(ABC):
         id_lengths: tuple[int, int] | None = None,
         ood_lengths: tuple[int, int] | None = None,
         bos: bool | None = None,
+        scratchpad: str | None = None,
     ) -> None:
+        if scratchpad is not None:
+            from .scratchpad import parse_format
+
+            if not self.scratchpad_components:
+                if parse_format(scratchpad, task=self.name):
+                    raise TaskError(
+                        f"{self.name} has no scratchpad (tasks with one: addition, summation, "
+                        "parity, sorting, polynomial, lego)"
+                    )
+            else:
+                allowed = self.scratchpad_components
+                self.scratchpad = parse_format(scratchpad, task=self.name, allowed=allowed)
         if bos is not None:
             if not isinstance(bos, bool):
                 raise TaskError(f"{self.name}: bos must be True or False, got {bos!r}")
@@ -163,8 +181,30 @@ class Task(ABC):
         return None
 
     def is_correct(self, example: Example, prediction: str) -> bool:
-        """Exact match of the answer words, ignoring whitespace differences."""
+        """Exact match of the answer words, ignoring whitespace differences; with a scratchpad,
+        of the words after its closing marker (the scratchpad itself is scored by
+        `scratchpad.score_steps`)."""
+        if self.scratchpad:
+            from .scratchpad import final_answer
+
+            got = final_answer(prediction)
+            return got is not None and got == final_answer(example.target)
         return normalize_words(prediction) == normalize_words(example.target)
+
+    def scratchpad_vocab(self) -> list[str]:
+        """The words a scratchpad adds to the vocabulary ([] without one)."""
+        from .scratchpad import TEMPLATE_WORDS
+
+        return [*TEMPLATE_WORDS, *self.scratchpad_words] if self.scratchpad else []
+
+    def target(self, answer: str, steps) -> str:
+        """The example's target: `answer` alone, or after the scratchpad of `steps` (a
+        callable returning the `Step` list, only called when a scratchpad is on)."""
+        if not self.scratchpad:
+            return answer
+        from .scratchpad import with_scratchpad
+
+        return with_scratchpad(answer, steps(), self.scratchpad)
 
     def split_lengths(self, split: str) -> range:
         """Lengths of a split: "train"/"val" -> ID range, "test" -> OOD range (inclusive)."""

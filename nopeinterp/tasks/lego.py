@@ -14,6 +14,7 @@ import string
 
 from .arithmetic import ANSWER_WORDS
 from .base import Example, Task, answer_sentence, unique_words
+from .scratchpad import Step
 
 VARIABLES = tuple(string.ascii_lowercase)
 
@@ -26,10 +27,11 @@ class LegoTask(Task):
     ood_lengths = (9, 16)
     separator = "?"
     max_length = len(VARIABLES)
+    scratchpad_components = "icor"  # the official processor has no variables for LEGO
 
     def vocab(self) -> list[str]:
         words = ["If", "=", "+", "-", "1", ",", ".", "Then", "what", "is", "the", "value", "of"]
-        return unique_words(words, ["?"], ANSWER_WORDS, VARIABLES)
+        return unique_words(words, ["?"], ANSWER_WORDS, VARIABLES, self.scratchpad_vocab())
 
     def sample(self, length: int, rng: random.Random) -> Example:
         names = rng.sample(VARIABLES, length)
@@ -39,4 +41,29 @@ class LegoTask(Task):
         rng.shuffle(clauses)
         value = "-" if signs.count("-") % 2 else "+"
         prompt = f"If {' , '.join(clauses)} . Then , what is the value of {names[-1]} ?"
-        return Example(prompt, answer_sentence(f"{value} 1"), length)
+        answer = answer_sentence(f"{value} 1")
+        return Example(prompt, self.target(answer, lambda: self.steps(clauses)), length)
+
+    @staticmethod
+    def steps(clauses: list[str]) -> list[Step]:
+        """One variable per step, in the order the chain resolves (from the one set to 1);
+        the computation substitutes the value of the variable it reads (empty for the first);
+        the remaining input is the clauses not yet resolved, in the prompt's order (official
+        processor)."""
+        rules = {c.split(" = ")[0]: c.split(" = ")[1].split() for c in clauses}  # v -> [s, w]
+        by_source = {w: v for v, (_, w) in rules.items()}
+        values: dict[str, str] = {}
+        steps, var, remaining = [], by_source["1"], list(clauses)
+        while True:
+            sign, source = rules[var]
+            if source == "1":
+                comp, value = "", sign
+            else:
+                comp = f"{sign} {source} = {sign} {values[source]} 1"
+                value = "+" if (sign == "+") == (values[source] == "+") else "-"
+            values[var] = value
+            remaining = [c for c in remaining if c.split(" = ")[0] != var]
+            steps.append(Step(var, comp, f"{value} 1", "", " , ".join(remaining)))
+            if var not in by_source:
+                return steps
+            var = by_source[var]

@@ -21,8 +21,8 @@ A preset is a set of `TrainConfig` values; explicit arguments override it
   for a CPU: arch t5, 4 layers, 2 heads of 64 (Rotary turns 16 dims, 8 frequencies, as in the
   paper), d_model 128 and d_mlp 512 as repro (so heads x d_head = d_model = 128, the
   attention cost of repro's 8 heads of 16). Learning rate 1e-3, a placeholder as in repro.
-- lm: the language-model study's recipe (analyses/PROTOCOL.md, "Language models on real
-  text"), for `--task lm`: 4 layers, 4 heads, d_model 128, d_mlp 512, AdamW lr 1e-3, weight
+- lm: the language-model study's recipe (analyses/PROTOCOL.md, "Protocol of the
+  language-model study"), for `--task lm`: 4 layers, 4 heads, d_model 128, d_mlp 512, AdamW lr 1e-3, weight
   decay 0.01, 6% warmup then linear decay, 1,500 steps x 16 chunks (of the task's context),
   validation loss on 64 chunks every 250 steps, training state every 50 steps.
 - tiny: a model that trains in seconds on a CPU, for tests and smoke runs.

@@ -79,6 +79,9 @@ def parse_task_spec(text: str) -> tuple[str, dict]:
                 f"bad task option {item!r} in {text!r} (use e.g. copy:variant=rsc,id_lengths=2-20)"
             )
         options[key] = _value(value)
+    from nopeinterp.tasks import get_task
+
+    get_task(name, **options)  # a bad option (e.g. an unknown scratchpad letter) stops here
     return name, options
 
 
@@ -248,9 +251,11 @@ def _test_fields(ckpt: Path, n: int | None, task: str, options: dict) -> dict:
         t = get_task(task, **options)
         lengths = [x for x in task_lengths(t) if x >= t.ood_lengths[0]]
     table = evaluate(checkpoint, n=n, lengths=lengths, progress=False).table
+    steps = ("steps_right", "all_steps_right", "first_wrong_step")  # with a scratchpad
     rows = [
         {k: _json_value(row[k]) for k in ("length", "split", "n", "correct", "accuracy")}
         | {"evaluable": bool(row["evaluable"])}
+        | {k: _json_value(row[k]) for k in steps if k in row}
         for row in table.to_dict("records")
     ]
     ood = [r for r in rows if r["split"] == "OOD"]

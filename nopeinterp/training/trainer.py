@@ -81,6 +81,8 @@ class TrainConfig:
     # replacement; what the shipped checkpoints used), "eval_set" = `task.eval_set("val",
     # n_per_length=eval_n)` (each held-out item at most once, eval_n per ID length: issue 16)
     val_set: str = "sampled"
+    # finish early once the validation exact match reaches this (None: train all `steps`)
+    stop_at_val: float | None = None
     checkpoint_every: int = 250
     dtype: str = "float32"  # of the saved best checkpoint: float32 or float16
     precision: str = "fp32"  # of the computation: fp32, bf16 or fp16 (autocast)
@@ -134,6 +136,11 @@ class TrainConfig:
             ("dtype", self.dtype in ("float32", "float16"), "float32 or float16"),
             ("precision", self.precision in PRECISIONS, " or ".join(PRECISIONS)),
             ("device", self.device in DEVICES, " or ".join(DEVICES)),
+            (
+                "stop_at_val",
+                self.stop_at_val is None or 0 < self.stop_at_val <= 1,
+                "an exact match in (0, 1]",
+            ),
         ]
         for name, ok, expected in checks:
             value = getattr(self, name)
@@ -439,7 +446,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
     )
     val_key = "val_loss" if lm else "val_accuracy"
     last_val = history[-1][val_key] if history else float("nan")
-    tokens_seen, train_time, stopped = 0, 0.0, False
+    tokens_seen, train_time, stopped, reached = 0, 0.0, False, False
     model.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
@@ -497,8 +504,17 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             if score > best_acc:
                 best_acc = score
                 save_best(done, {val_key: last_val})
+            reached = not lm and cfg.stop_at_val is not None and last_val >= cfg.stop_at_val
+        if cfg.stop_at_val is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+            reached = rt.broadcast(reached)  # every rank finishes at the same step
         stopped = cfg.stop_after is not None and cfg.stop_after <= done < cfg.steps
-        if rt.is_main and (done % cfg.checkpoint_every == 0 or stopped) and done < cfg.steps:
+        stopped = stopped and not reached
+        if (
+            rt.is_main
+            and (done % cfg.checkpoint_every == 0 or stopped)
+            and done < cfg.steps
+            and not reached
+        ):
             save_state(done)
         postfix = {"loss": f"{float(loss_sum) / rt.world_size:.3f}", "tok_s": f"{tok_s:.0f}"}
         if speed["mfu"] is not None:
@@ -507,7 +523,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             postfix["val"] = f"{last_val:.2f}"
         bar.set_postfix(**postfix)
         bar.update(1)
-        if stopped:
+        if stopped or reached:
             break
     bar.close()
     model.eval()

@@ -1,0 +1,440 @@
+"""The scratchpad study (PROTOCOL.md, "Scratchpad study"): pilot timing, the runs, the report.
+
+    python analyses/scratchpad_study.py pilot      # seconds per training step and per decoded
+                                                   # item, one thread (how the study was sized)
+    python analyses/scratchpad_study.py run [--max-runs N] [--no-commit]
+                                                   # the grid in protocol order; rerun to resume
+    python analyses/scratchpad_study.py report     # tables, figure, REPORT.md's section
+
+`run` trains one run at a time (one torch thread) under runs/scratchpad/<run>/ (not committed;
+an interrupted run resumes from its training state), copies each finished run's record to
+analyses/results/scratchpad/records/<run>.json, regenerates the report and commits both
+(`--no-commit`: write only). `report` reads only the committed records: the same command gives
+the same REPORT.md section on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, ROOT, to_markdown, write_figure, write_table  # noqa: E402
+
+# --- the protocol (PROTOCOL.md, "Scratchpad study"); nothing here is tuned -------------------
+TASKS = (
+    "addition:scratchpad=none",
+    "addition:scratchpad=icovr",
+    "addition:scratchpad=co",
+    "addition:scratchpad=ivr",
+    "lego:scratchpad=none",
+    "lego:scratchpad=icor",
+)
+PES = ("nope", "t5", "alibi", "rotary", "sinusoidal")
+SEEDS = (0, 1)
+PRESET = "repro-t5"  # the T5 architecture's CPU preset, unchanged: its 1,500 steps are the cap
+STOP_AT_VAL = 0.95
+OVERRIDES = {"stop_at_val": STOP_AT_VAL}
+
+RUNS = ROOT / "runs" / "scratchpad"
+OUT = RESULTS / "scratchpad"
+RECORDS = OUT / "records"
+REPORT = ROOT / "analyses" / "REPORT.md"
+BEGIN, END = "<!-- scratchpad-study:begin -->", "<!-- scratchpad-study:end -->"
+COMMAND = "python analyses/scratchpad_study.py report"
+
+
+def grid():
+    """The runs in protocol order: seed, then task spec, then PE (a study cut short has every
+    PE of its finished (seed, spec) blocks)."""
+    from nopeinterp.training.sweep import grid as sweep_grid
+
+    return [spec for seed in SEEDS for task in TASKS for spec in sweep_grid([task], PES, [seed])]
+
+
+# --- pilot ----------------------------------------------------------------------------------
+
+
+def pilot(steps: int) -> None:
+    """Seconds per training step (median after 2 warm-up steps) and per decoded validation /
+    OOD test item, at the protocol's model and batch, one thread, NoPE."""
+    import torch
+
+    from nopeinterp.evaluation import greedy_answers
+    from nopeinterp.models import build_model
+    from nopeinterp.tasks import encode_examples, get_task, task_tokenizer
+    from nopeinterp.training import make_config
+    from nopeinterp.training.trainer import target_loss, train_examples
+
+    torch.set_num_threads(1)
+    for text in TASKS:
+        name, _, opt = text.partition(":")
+        task = get_task(name, scratchpad=opt.split("=")[1])
+        tok = task_tokenizer(task)
+        cfg = make_config(name, "nope", "unused.pt", preset=PRESET, **OVERRIDES)
+        model = build_model(
+            "nope",
+            arch=cfg.arch,
+            d_head=cfg.d_head,
+            n_layers=cfg.n_layers,
+            n_heads=cfg.n_heads,
+            d_model=cfg.d_model,
+            d_mlp=cfg.d_mlp,
+            d_vocab=len(tok),
+            n_ctx=800,
+            attn_scale=cfg.attn_scale,
+            dropout=cfg.dropout,
+            tokenizer=tok,
+        )
+        opt_ = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+        model.train()
+        wall, cpu, tokens = [], [], []
+        for step in range(steps):
+            batch = encode_examples(tok, train_examples(task, cfg, step))
+            t0, c0 = time.perf_counter(), time.process_time()
+            loss = target_loss(model, batch)
+            opt_.zero_grad()
+            loss.backward()
+            opt_.step()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            tokens.append(int(batch.attention_mask.sum(1).float().mean()))
+        model.eval()
+        decode = {}
+        for split, lengths in (("val", task.id_lengths[1]), ("test", task.ood_lengths[1])):
+            items = task.eval_set(split, n_per_length=16, lengths=[lengths])
+            t0, c0 = time.perf_counter(), time.process_time()
+            greedy_answers(model, tok, items)
+            decode[f"decode_{split}_cpu_s_per_item_at_longest"] = round(
+                (time.process_time() - c0) / len(items), 4
+            )
+            longest = encode_examples(tok, items).attention_mask.sum(1).max()
+            decode[f"{split}_longest_tokens"] = int(longest)
+
+        def median(xs):
+            xs = sorted(xs[2:])
+            return round(xs[len(xs) // 2], 3)
+
+        print(
+            json.dumps(
+                {
+                    "task": text,
+                    "batch": cfg.batch_size,
+                    "mean_train_tokens": round(sum(tokens) / len(tokens), 1),
+                    "step_wall_s": median(wall),
+                    "step_cpu_s": median(cpu),
+                    **decode,
+                }
+            ),
+            flush=True,
+        )
+
+
+# --- runs -----------------------------------------------------------------------------------
+
+
+def _cap() -> int:
+    from nopeinterp.training.presets import preset_values
+
+    return preset_values(PRESET, "addition")["steps"]
+
+
+def record_path(run: str) -> Path:
+    return RECORDS / f"{run}.json"
+
+
+def _git(*args: str) -> None:
+    subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True)
+
+
+def run(max_runs: int | None, commit: bool) -> None:
+    import torch
+
+    from nopeinterp.training.sweep import RECORD, SweepPlan, run_name, run_one
+
+    torch.set_num_threads(1)
+    specs = grid()
+    todo = [s for s in specs if not record_path(run_name(s)).exists()]
+    print(f"{len(specs) - len(todo)} of {len(specs)} runs recorded; {len(todo)} to go", flush=True)
+    plan = SweepPlan(
+        out=RUNS, runs=specs, preset=PRESET, overrides=dict(OVERRIDES), test="eval_set"
+    )
+    for spec in todo[:max_runs] if max_runs else todo:
+        name = run_name(spec)
+        t0 = time.time()
+        print(f"[{time.strftime('%H:%M:%S')}] {name}: training", flush=True)
+        status = run_one(plan, spec, threads=1)
+        if status not in ("finished", "skipped"):
+            print(f"{name}: {status}; stopping (rerun to resume)", flush=True)
+            return
+        RECORDS.mkdir(parents=True, exist_ok=True)
+        dest = record_path(name)
+        shutil.copyfile(RUNS / name / RECORD, dest)
+        rec = json.loads(dest.read_text())
+        print(
+            f"[{time.strftime('%H:%M:%S')}] {name}: best step {rec['best_step']}, val "
+            f"{rec['val_accuracy']:.3f}, OOD {rec['ood_accuracy']:.4f} "
+            f"({time.time() - t0:.0f} s)",
+            flush=True,
+        )
+        paths = report()
+        if commit:
+            _git("add", str(dest), *map(str, paths))
+            msg = (
+                f"scratchpad study: record of {name} (OOD exact match "
+                f"{rec['ood_accuracy']:.4f}, val {rec['val_accuracy']:.3f}, best step "
+                f"{rec['best_step']}); report regenerated"
+            )
+            _git("commit", "-m", msg, "--", str(dest), *map(str, paths))
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def load_records() -> pd.DataFrame:
+    rows = []
+    for path in sorted(RECORDS.glob("*.json")):
+        rec = json.loads(path.read_text())
+        ood = [a for a in rec["accuracy"] if a["split"] == "OOD"]
+        n = sum(a["n"] for a in ood)
+        history = rec.get("val_history") or []
+        steps_right = (
+            sum(a["steps_right"] * a["n"] for a in ood) / n
+            if n and all(a.get("steps_right") is not None for a in ood)
+            else None
+        )
+        rows.append(
+            {
+                "task": rec["task"],
+                "scratchpad": str(rec["task_options"].get("scratchpad", "none")),
+                "pe": rec["pe"],
+                "seed": rec["seed"],
+                "ood_accuracy": rec["ood_accuracy"],
+                "ood_steps_right": steps_right,
+                "val_accuracy": rec["val_accuracy"],
+                "reached_val": rec["val_accuracy"] >= STOP_AT_VAL,
+                "best_step": rec["best_step"],
+                "steps_trained": history[-1]["step"] if history else None,
+                "test_items": rec["test_items"],
+                "run_wall_s": rec.get("run_wall_s"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _span(s: pd.Series) -> str:
+    s = s.dropna()
+    if s.empty:
+        return ""
+    return f"{s.mean():.3f} [{s.min():.3f}, {s.max():.3f}]" if len(s) > 1 else f"{s.iloc[0]:.3f}"
+
+
+def summarize(runs: pd.DataFrame) -> pd.DataFrame:
+    order = {t: i for i, t in enumerate(TASKS)}
+    g = runs.groupby(["task", "scratchpad", "pe"], sort=False)
+    out = g.apply(
+        lambda d: pd.Series(
+            {
+                "runs": len(d),
+                "reached_val_0.95": int(d["reached_val"].sum()),
+                "ood_exact_match": _span(d["ood_accuracy"]),
+                "ood_steps_right": _span(d["ood_steps_right"]),
+                "val_exact_match": _span(d["val_accuracy"]),
+                "mean_best_step": round(d["best_step"].mean()),
+            }
+        ),
+        include_groups=False,
+    ).reset_index()
+    out["_o"] = [
+        order.get(f"{t}:scratchpad={s}", 99) for t, s in zip(out.task, out.scratchpad, strict=True)
+    ]
+    out["_p"] = out["pe"].map({p: i for i, p in enumerate(PES)})
+    return out.sort_values(["_o", "_p"]).drop(columns=["_o", "_p"]).reset_index(drop=True)
+
+
+def paper_comparison(runs: pd.DataFrame) -> pd.DataFrame:
+    """Addition with the full format: our OOD exact match per PE beside the paper's runs."""
+    from nopeinterp.paper import paper_scratchpad_runs
+
+    paper = paper_scratchpad_runs()
+    ours = runs[(runs.task == "addition") & (runs.scratchpad == "icovr")]
+    rows = []
+    for pe in PES:
+        o, p = ours[ours.pe == pe], paper[paper.pe == pe]
+        rows.append(
+            {
+                "pe": pe,
+                "our_runs": len(o),
+                "ours_ood": _span(o["ood_accuracy"]),
+                "ours_val": _span(o["val_accuracy"]),
+                "paper_runs": len(p),
+                "paper_ood": _span(p["ood_accuracy"]),
+                "paper_val": _span(p["val_accuracy"]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def figure(runs: pd.DataFrame):
+    """OOD exact match by format (x) and PE (colour), one panel per task; each run a point,
+    the mean a bar; the paper's addition runs (full format) as open diamonds."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from nopeinterp.paper import paper_scratchpad_runs
+    from nopeinterp.viz.legend import Legend
+
+    tasks = list(dict.fromkeys(t.split(":")[0] for t in TASKS))
+    fig = make_subplots(rows=1, cols=len(tasks), subplot_titles=tasks, shared_yaxes=True)
+    legend = Legend(PES)
+    paper = paper_scratchpad_runs()
+    for col, task in enumerate(tasks, start=1):
+        formats = [t.split("=")[1] for t in TASKS if t.startswith(task + ":")]
+        t = runs[runs.task == task] if len(runs) else runs
+        for pe in PES:
+            r = t[t.pe == pe] if len(t) else t
+            means = [
+                r[r.scratchpad == f]["ood_accuracy"].mean() if len(r) else None for f in formats
+            ]
+            fig.add_trace(
+                go.Bar(x=formats, y=means, offsetgroup=pe, marker_color=legend.color(pe),
+                       **legend.entry(pe)),
+                row=1, col=col,
+            )  # fmt: skip
+            if len(r):
+                fig.add_trace(
+                    go.Scatter(x=r["scratchpad"], y=r["ood_accuracy"], mode="markers",
+                               marker={"color": "black", "size": 5}, offsetgroup=pe,
+                               showlegend=False, name=f"{pe} runs"),
+                    row=1, col=col,
+                )  # fmt: skip
+            p = paper[(paper.task == task) & (paper.pe == pe)]
+            if len(p):
+                fig.add_trace(
+                    go.Scatter(x=p["scratchpad"], y=p["ood_accuracy"], mode="markers",
+                               marker={"symbol": "diamond-open", "size": 9,
+                                       "color": legend.color(pe)},
+                               offsetgroup=pe, name=f"paper, {pe}", legendgroup="paper",
+                               showlegend=False),
+                    row=1, col=col,
+                )  # fmt: skip
+    fig.update_layout(
+        barmode="group",
+        scattermode="group",
+        title="OOD exact match by scratchpad format and PE (bars: our mean; dots: our runs; "
+        "open diamonds: the paper's runs)",
+        yaxis_title="OOD exact match",
+        width=1100,
+        height=480,
+    )
+    fig.update_xaxes(title_text="scratchpad format")
+    return fig
+
+
+def report() -> list[Path]:
+    """Tables, figure and REPORT.md's section from the committed records; the paths written."""
+    runs = load_records()
+    paths = []
+    if len(runs):
+        paths += write_table(runs, OUT, "runs", title="Scratchpad study: one row per run")
+        summary = summarize(runs)
+        paths += write_table(summary, OUT, "summary", title="Scratchpad study per format and PE")
+    else:
+        summary = pd.DataFrame()
+    comparison = paper_comparison(runs) if len(runs) else paper_comparison(_empty())
+    paths += write_table(comparison, OUT, "addition_icovr_vs_paper")
+    fig_paths = write_figure(figure(runs if len(runs) else _empty()), OUT, "ood_by_format")
+    paths += [p for p in fig_paths if p.suffix == ".png"]  # the HTML is not committed
+    REPORT.write_text(_with_section(REPORT.read_text(), section(runs, summary, comparison)))
+    return [*paths, REPORT]
+
+
+def _empty() -> pd.DataFrame:
+    cols = ["task", "scratchpad", "pe", "seed", "ood_accuracy", "val_accuracy"]
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+
+
+def section(runs, summary, comparison) -> str:
+    total = len(grid())
+    done = len(runs)
+    lines = [
+        BEGIN,
+        "# Part 3: scratchpad formats, per PE",
+        "",
+        f"Regenerated by `{COMMAND}` from the committed records in "
+        '`analyses/results/scratchpad/records/` (protocol: PROTOCOL.md, "Scratchpad study", '
+        "committed before the first run).",
+        "",
+        f"**Runs finished: {done} of {total}.** "
+        + (
+            "The study is complete."
+            if done == total
+            else "The study is not complete: every number below is from the finished runs "
+            "only, and a format or PE with fewer runs than the protocol's 2 seeds is marked by "
+            "its `runs` count. `python analyses/scratchpad_study.py run` resumes it."
+        ),
+        "",
+    ]
+    if done:
+        lines += [
+            "OOD exact match (answer after the closing marker), mean [min, max] over seeds; "
+            "`ood_steps_right`: mean share of scratchpad steps written right on the OOD test "
+            "set; `reached_val_0.95`: runs whose ID validation exact match reached 0.95 before "
+            f"the {_cap()}-step cap.",
+            "",
+            to_markdown(summary),
+        ]
+    lines += [
+        "Addition, full format (`icovr`), like for like with the paper's per-run numbers (its "
+        "base-size T5 decoder, ID <= 8 digits, OOD 9-16, its own OOD test set; ours: the "
+        "protocol's small model). The paper has one Rotary run.",
+        "",
+        to_markdown(comparison),
+        *(
+            ["![OOD exact match by format and PE](results/scratchpad/ood_by_format.png)", ""]
+            if (OUT / "ood_by_format.png").exists()
+            else ["(No PNG here: kaleido found no Chromium when this was regenerated.)", ""]
+        ),
+        "Interactive figure: `analyses/results/scratchpad/ood_by_format.html` (not committed; "
+        "written by the same command).",
+        END,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _with_section(text: str, new: str) -> str:
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
+    if pattern.search(text):
+        return pattern.sub(lambda _: new, text)
+    return text.rstrip("\n") + "\n\n" + new
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("pilot", help="time training steps and decoding, one thread")
+    s.add_argument("--steps", type=int, default=8)
+    s = sub.add_parser("run", help="train, test and commit the runs without a record")
+    s.add_argument("--max-runs", type=int, default=None, help="stop after this many runs")
+    s.add_argument("--no-commit", action="store_true", help="write records, commit nothing")
+    sub.add_parser("report", help="tables, figure and REPORT.md's section from the records")
+    args = p.parse_args()
+    if args.command == "pilot":
+        pilot(args.steps)
+    elif args.command == "run":
+        run(args.max_runs, commit=not args.no_commit)
+    else:
+        for path in report():
+            print(path.relative_to(ROOT))
+
+
+if __name__ == "__main__":
+    main()
