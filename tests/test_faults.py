@@ -112,7 +112,8 @@ def test_train_prints_no_nan_validation_and_leaves_no_lock(tmp_path, capsys, mon
     assert len(lines) >= 6 and all("loss=" in line for line in lines), lines
     assert "val=" not in lines[0] and "val=" in lines[-1]
     assert not any("nan" in line for line in lines), lines
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]  # no .lock, no state
+    # the checkpoint and its validation curve; no .lock, no state
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt", "m.pt.history.json"]
 
 
 # --- kill -9 at random points of a sweep --------------------------------------------------------
