@@ -143,7 +143,7 @@ def _check_length(path: Path) -> None:
 
 def _check_writable(path: Path, what: str) -> None:
     """Raise ArgumentTypeError unless `path` (a `what`: folder or file) can be created/written."""
-    ancestor = path
+    ancestor = path if not path.is_file() else path.parent  # an existing file: its folder
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():

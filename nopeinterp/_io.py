@@ -76,6 +76,91 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda t: Path(t).write_text(text, encoding="utf-8"))
 
 
+class _Recorded:
+    """A binary file that remembers the first OSError of its writes (torch's writer turns
+    one, e.g. a full disk, into a RuntimeError that does not say what failed)."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data):
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self):
+        return self.file.flush()
+
+
+def atomic_write_torch(path: str | os.PathLike, obj) -> Path:
+    """`torch.save(obj)` to `path` atomically; a file-system failure is an `OutputError`
+    naming `path` and the reason (e.g. no space left on device)."""
+    import torch
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            recorded = _Recorded(f)
+            try:
+                torch.save(obj, recorded)
+            except RuntimeError:
+                if recorded.error is not None:
+                    raise recorded.error from None
+                raise
+
+    return atomic_write(path, write)
+
+
+class HeldLock:
+    """An exclusive OS lock on a file, held until `release()` (which also removes the file,
+    so no empty lock file stays behind)."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self._fd = path, fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        # removed while still locked: a process that opened the file meanwhile and gets the
+        # lock after us sees that its file is no longer at `path` and tries again
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)  # closing releases the lock
+        self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def try_lock(path: str | os.PathLike) -> HeldLock | None:
+    """Take an exclusive lock on `path` (created if missing) without waiting: a `HeldLock`,
+    or None when another holder has it (another process, or another `try_lock` here). The
+    lock is the operating system's (flock), so a killed holder never leaves it taken."""
+    import fcntl
+
+    path = Path(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            return HeldLock(path, fd)
+        os.close(fd)  # the holder before us removed this file on release: lock the new one
+
+
 def versions() -> dict[str, str]:
     """Versions of Python and the packages whose behaviour a saved result depends on.
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from nopeinterp._io import atomic_write, versions
+from nopeinterp._io import atomic_write, atomic_write_torch, versions
 from nopeinterp._tl import TLVersionError
 from nopeinterp.errors import CheckpointError
 from nopeinterp.models import (
@@ -89,10 +89,6 @@ def _check_plain(value, where="meta"):
     )
 
 
-# The trainer writes its state with this name; one implementation lives in nopeinterp._io.
-_atomic_write = atomic_write
-
-
 def save_checkpoint(model, path, *, tokenizer=None, dtype=None, **meta) -> Path:
     """Write `model` (+ tokenizer + meta) to `path` (.pt, or .safetensors + .json sidecar).
 
@@ -115,12 +111,14 @@ def save_checkpoint(model, path, *, tokenizer=None, dtype=None, **meta) -> Path:
     }
     state = _stored_state_dict(model, dtype)
     if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
-        _atomic_write(path.with_suffix(".json"), lambda t: Path(t).write_text(json.dumps(header)))
-        _atomic_write(path, lambda t: save_file({k: v.contiguous() for k, v in state.items()}, t))
+        atomic_write(path.with_suffix(".json"), lambda t: Path(t).write_text(json.dumps(header)))
+        # serialised here, written by Python: a full disk is then an OSError (OutputError)
+        data = save({k: v.contiguous() for k, v in state.items()})
+        atomic_write(path, lambda t: Path(t).write_bytes(data))
     else:
-        _atomic_write(path, lambda t: torch.save({**header, "state_dict": state}, t))
+        atomic_write_torch(path, {**header, "state_dict": state})
     return path
 
 
@@ -395,6 +393,12 @@ def _load_weights(model, state, path):
             raise CheckpointError(
                 f"{path}: weights do not match the config: {key} is {state[key].dtype}, "
                 f"expected {ref.dtype}"
+            )
+        if state[key].is_floating_point() and not bool(torch.isfinite(state[key]).all()):
+            bad = int((~torch.isfinite(state[key])).sum())
+            raise CheckpointError(
+                f"{path}: weight {key} holds {bad} non-finite value{'s' * (bad != 1)} "
+                "(NaN or infinity): a diverged or damaged run"
             )
     dtype = next(model.parameters()).dtype
     model.load_state_dict(

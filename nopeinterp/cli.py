@@ -37,6 +37,17 @@ def cmd_train(args) -> int:
     from nopeinterp.training.sweep import parse_task_spec
 
     task, options = parse_task_spec(args.task)
+    out = Path(args.out)
+    state = out.with_name(out.name + ".state.pt")
+    resume = getattr(args, "resume", False)  # a TrainConfig flag: absent unless given
+    if not (resume or args.overwrite) and (out.exists() or state.exists()):
+        found = state if state.exists() else out
+        raise NopeinterpError(
+            f"{found} exists: add --resume to continue that run, or --overwrite to train "
+            "from the start"
+        )
+    if resume and args.overwrite:
+        raise NopeinterpError("give --resume or --overwrite, not both")
     overrides = _train_overrides(args)
     overrides["task_options"] = {**options, **overrides.get("task_options", {})}
     path = train(make_config(task, args.pe, args.out, preset=args.preset, **overrides))
@@ -138,11 +149,12 @@ def _text_data(args):
     return read_texts(args.text) if getattr(args, "text", None) else None
 
 
-def _each_checkpoint(args, analyse, what) -> int:
+def _each_checkpoint(args, analyse, what, **pivot) -> int:
     """`analyse(model, data, options)` on the checkpoint, on every checkpoint of a directory, or on the
     --hf model (data: the --text documents, else None): print each result's pivot table and
     save each under --out (a subfolder per checkpoint for a directory). `analyse` may return a
-    tuple of results (then `what` is a tuple of headings), saved side by side."""
+    tuple of results (then `what` is a tuple of headings), saved side by side. `pivot`: the
+    keywords of each result's `pivot()`."""
     import pandas as pd
 
     from nopeinterp.zoo import checkpoint_files
@@ -160,7 +172,7 @@ def _each_checkpoint(args, analyse, what) -> int:
         results = analyse(model, data, options)
         results = results if isinstance(results, tuple) else (results,)
         for found, result in zip(pivots, results, strict=True):
-            found.append(pd.concat({path.stem: result.pivot()}, names=["checkpoint"]))
+            found.append(pd.concat({path.stem: result.pivot(**pivot)}, names=["checkpoint"]))
             if args.out:
                 result.save(Path(args.out) / path.stem if many else args.out)
     for heading, found in zip(whats, pivots, strict=True):
@@ -218,11 +230,14 @@ def _floats(text: str) -> list[float]:
 
 def cmd_probe_position(args) -> int:
     from nopeinterp.probing import probe_position
+    from nopeinterp.probing.position import MODELS
 
     return _each_checkpoint(
         args,
         lambda model, data, options: probe_position(model, data, options=options),
-        "position probes per layer ([random_init] = same config, untrained):",
+        "position probes per layer; baselines: [random_init] = same config, untrained; "
+        "[shuffled] = probes fitted on permuted positions; [constant] = the mean position:",
+        models=MODELS,
     )
 
 
@@ -416,6 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", required=True, type=_args.out_file, help="path of the best checkpoint (.pt)"
     )
     _add_train_flags(p)
+    p.add_argument(
+        "--overwrite", action="store_true", help="train from the start over an existing --out"
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sweep", help="train a grid of tasks x PEs x seeds, resumably")
@@ -575,7 +593,13 @@ def main(argv=None) -> int:
 
     from nopeinterp.progress import quiet
 
+    threads = None
     try:
+        if hasattr(args, "threads") and args.command != "report":  # report sets its own
+            import torch
+
+            threads = torch.get_num_threads()
+            torch.set_num_threads(args.threads)
         with quiet() if args.quiet else nullcontext():
             return args.func(args) or 0
     except (NopeinterpError, ValueError, OSError) as e:  # OSError: unreadable or unwritable files
@@ -584,6 +608,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("nopeinterp: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
 
 
 if __name__ == "__main__":

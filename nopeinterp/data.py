@@ -206,6 +206,69 @@ def task_examples(task, length: int, n: int | None, *, seed: int = 0):
         return split, None
 
 
+# What one token of a held example costs, in bytes: the task's Python objects (up to ~25 B
+# per token measured on copy and SCAN), the encoded ids and mask (int64) and encoding's
+# temporaries (~60 B in all measured); rounded up. Counts are refused past what this says.
+BYTES_PER_TOKEN = 64
+
+
+def available_memory() -> int:
+    """Bytes this process may still take: MemAvailable (Linux), capped by a cgroup limit;
+    else the physical memory."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            found.append(int(limit))
+    except OSError:
+        pass
+    if not found:
+        try:
+            found.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError, AttributeError):
+            return 2**63
+    return min(found)
+
+
+def _size(n_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n_bytes < 1024 or unit == "PiB":
+            return f"{n_bytes:.1f} {unit}" if unit != "B" else f"{int(n_bytes)} B"
+        n_bytes /= 1024
+    return ""  # unreachable
+
+
+def check_memory(n_sequences: int, tokens: int, what: str) -> None:
+    """NopeinterpError (one line, with the estimate) when holding `n_sequences` sequences of
+    up to `tokens` tokens at once would not fit in the memory available, before any is made."""
+    from nopeinterp.errors import NopeinterpError
+
+    need = n_sequences * max(tokens, 1) * BYTES_PER_TOKEN
+    have = available_memory()
+    if need > have:
+        raise NopeinterpError(
+            f"{what}: {n_sequences} sequences of up to {tokens} tokens need about "
+            f"{_size(need)} of memory, more than the {_size(have)} available; ask for fewer"
+        )
+
+
+def example_tokens(task, tokenizer, length: int) -> int:
+    """Tokens of the longest of a few encoded examples of `task` at `length` (0 if none)."""
+    from nopeinterp.tasks import encode_examples
+
+    try:
+        examples = task.generate(4, lengths=length, seed=0)
+    except ValueError:
+        return 0
+    return int(encode_examples(tokenizer, examples).attention_mask.sum(1).max())
+
+
 def task_lengths(task) -> list[int]:
     """Every ID and OOD length of the task that has examples."""
     (a, b), (c, d) = task.id_lengths, task.ood_lengths
@@ -237,6 +300,14 @@ def _concat(name: str, parts: list[Sequences]) -> Sequences:
 
 
 def _task_sets(task, tok, *, purpose, id_r, ood_r, n_train, n_eval, n_per_length, seed, fractions):
+    longest = example_tokens(task, tok, max(id_r[1], ood_r[1]))
+    if n_per_length is not None:
+        n_held = n_per_length * (id_r[1] - id_r[0] + ood_r[1] - ood_r[0] + 2)
+        counts = f"n_per_length={n_per_length}"
+    else:
+        n_held = (n_train if purpose == "probe" else 0) + 2 * n_eval
+        counts = f"n_train={n_train}, " * (purpose == "probe") + f"n_eval={n_eval}"
+    check_memory(n_held, longest, f"{task.name} ({counts})")
     if n_per_length is not None:  # the paper's protocol: n examples at every ID and OOD length
         if n_per_length < 1:
             raise ValueError(f"n_per_length must be >= 1, got {n_per_length}")
@@ -465,6 +536,8 @@ def make_sequences(
         else:
             n_id = n_train + n_eval if purpose == "probe" else n_eval
             ranges = [(id_lengths, n_id), (ood_lengths, n_eval)]
+        longest = max(id_lengths[1], ood_lengths[1])
+        check_memory(sum(n for _, n in ranges), longest, "random token sequences")
         data = random_sequences(model, ranges, seed=seed, tokenizer=tokenizer)
     if data is None:
         if spec is None:

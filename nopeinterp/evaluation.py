@@ -16,7 +16,14 @@ from typing import ClassVar
 import pandas as pd
 import torch
 
-from nopeinterp.data import max_positions, resolve_task, task_examples, task_lengths
+from nopeinterp.data import (
+    check_memory,
+    example_tokens,
+    max_positions,
+    resolve_task,
+    task_examples,
+    task_lengths,
+)
 from nopeinterp.inputs import ModelInput, as_model
 from nopeinterp.options import EvalOptions
 from nopeinterp.progress import progress as progress_bar
@@ -199,6 +206,10 @@ class EvalResult(Result):
         """Several models' results as one (their tables stacked)."""
         results = list(results)
         meta = {"models": [r.meta.get("model") for r in results]}
+        for key in ("n", "seed"):  # what the results share (e.g. examples per length)
+            values = {repr(r.meta.get(key)) for r in results}
+            if len(values) == 1 and key in results[0].meta:
+                meta[key] = results[0].meta[key]
         return cls(pd.concat([r.table for r in results], ignore_index=True), meta)
 
 
@@ -251,6 +262,8 @@ def run_evaluate(mi: ModelInput, task, tokenizer, opts: EvalOptions) -> EvalResu
                 f"{task.min_length}-{task.max_length} (trained on {task.id_lengths[0]}-"
                 f"{task.id_lengths[1]}, OOD {task.ood_lengths[0]}-{task.ood_lengths[1]})"
             )
+    if n is not None and lengths:  # one length's examples are held at a time
+        check_memory(n, example_tokens(task, tokenizer, max(lengths)), f"eval {mi.name}")
     limit = max_positions(mi.model)
     pe = mi.meta.get("pe", getattr(mi.model, "pe", None))
     rows, skipped = [], []

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nopeinterp.data import Splits, make_sequences, task_spec
+from nopeinterp.errors import NopeinterpError
 
 # What `make_sequences` takes from an options object, when the options have it.
 _DATA_OPTIONS = ("id_lengths", "ood_lengths", "n_train", "n_eval", "n_per_length", "seed")
@@ -57,6 +58,7 @@ def as_model(obj, name: str | None = None, *, device=None) -> ModelInput:
     if hasattr(obj, "model") and hasattr(obj, "meta"):
         path = getattr(obj, "path", None)
         label = name or (Path(path).stem if path else str(obj.meta.get("pe", "model")))
+        _check_finite_weights(obj.model, label)
         return ModelInput(obj.model, obj.tokenizer, dict(obj.meta or {}), label, obj)
     if not hasattr(obj, "cfg") or not hasattr(obj, "run_with_cache"):
         raise TypeError(
@@ -64,7 +66,19 @@ def as_model(obj, name: str | None = None, *, device=None) -> ModelInput:
             f"got {type(obj).__name__}"
         )
     label = name or getattr(obj, "pe", None) or type(obj).__name__
+    _check_finite_weights(obj, label)
     return ModelInput(obj, getattr(obj, "tokenizer", None), {}, label, None)
+
+
+def _check_finite_weights(model, label: str) -> None:
+    """NopeinterpError naming the first weight with a NaN or infinity: every number an
+    analysis gave from it would be meaningless (a zero accuracy, an empty table)."""
+    for key, value in model.named_parameters():  # buffers hold -inf masks on purpose
+        if value.is_floating_point() and not bool(value.isfinite().all()):
+            raise NopeinterpError(
+                f"{label}: weight {key} holds non-finite values (NaN or infinity); "
+                "no analysis of this model would mean anything"
+            )
 
 
 def resolve(

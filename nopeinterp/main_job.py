@@ -44,42 +44,113 @@ def _fmt(x: float) -> str:
 
 
 # -- verdicts: one line each, computed from the result tables --------------------------------
+# Each section's line first says whether the paper's claim is supported, not supported or
+# inconclusive on these checkpoints, by the rules below (fixed before looking at any result,
+# never tuned to one), then gives the numbers it was judged on.
+SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
+GOOD_R2 = 0.5  # a probe or distance fit explaining half the variance: a clear signal
+MARGIN_R2 = 0.1  # trained vs its baseline (random init, layer 0): a difference that counts
+FLOOR_ACCURACY = 0.05  # below it on OOD lengths for every PE: nothing to rank
+
+
+def claim_line(statuses: list[str], claim: str, numbers: str) -> str:
+    """'<Status> on these checkpoints: <claim>. <numbers>': one status per task, combined
+    (mixed statuses across tasks are inconclusive overall)."""
+    found = set(statuses)
+    status = found.pop() if len(found) == 1 else INCONCLUSIVE
+    mixed = " (tasks disagree)" if len(set(statuses)) > 1 else ""
+    return f"{status.capitalize()} on these checkpoints{mixed}: {claim}. {numbers}"
+
+
+def _binomial_gap(p1: float, n1: float, p2: float, n2: float) -> float:
+    """Two standard errors of the difference of two exact-match rates."""
+    return 2 * math.sqrt(p1 * (1 - p1) / max(n1, 1) + p2 * (1 - p2) / max(n2, 1))
+
+
 def length_verdict(summary: pd.DataFrame) -> str:
-    """Per task: NoPE's OOD exact match and its rank among the seed-0 PEs that could be
-    evaluated (`summary`: EvalResult.summary joined with task, pe and seed)."""
-    parts = []
-    for task, rows in summary[(summary["split"] == "OOD") & (summary["seed"] == 0)].groupby(
-        "task", sort=False
-    ):
+    """Claim 1, per task: NoPE's OOD exact match against the best seed-0 PE that could be
+    evaluated (`summary`: EvalResult.summary joined with task, pe and seed). Supported when
+    NoPE ranks first; not supported when the best PE beats it by more than two standard
+    errors (binomial, over the OOD items: column `n`); inconclusive within that, or when no
+    PE reaches FLOOR_ACCURACY."""
+    parts, statuses = [], []
+    ood = summary[(summary["split"] == "OOD") & (summary["seed"] == 0)]
+    for task, rows in ood.groupby("task", sort=False):
         rows = rows.dropna(subset=["accuracy"]).sort_values("accuracy", ascending=False)
         if rows.empty:
             continue
         best = rows.iloc[0]
         nope = rows[rows["pe"] == "nope"]
         if nope.empty:
-            parts.append(f"{task}: best OOD {best['pe']} {_fmt(best['accuracy'])}")
+            parts.append(
+                f"{task}: no NoPE checkpoint; best OOD {best['pe']} {_fmt(best['accuracy'])}"
+            )
+            statuses.append(INCONCLUSIVE)
             continue
         acc = float(nope["accuracy"].iloc[0])
         rank = 1 + int((rows["accuracy"] > acc).sum())
+        n_nope = float(nope["n"].iloc[0]) if "n" in nope else 0.0
+        n_best = float(best["n"]) if "n" in rows else 0.0
+        gap = float(best["accuracy"]) - acc
+        if float(best["accuracy"]) < FLOOR_ACCURACY:
+            statuses.append(INCONCLUSIVE)
+        elif rank == 1:
+            statuses.append(SUPPORTED)
+        elif gap > _binomial_gap(acc, n_nope, float(best["accuracy"]), n_best):
+            statuses.append(NOT_SUPPORTED)
+        else:
+            statuses.append(INCONCLUSIVE)
         parts.append(
             f"{task}: NoPE OOD exact match {_fmt(acc)}, rank {rank} of {len(rows)} PEs "
             f"(best {best['pe']} {_fmt(best['accuracy'])})"
         )
-    return "; ".join(parts) or "no OOD lengths evaluated"
+    if not parts:
+        return "Inconclusive: no OOD lengths evaluated"
+    return claim_line(
+        statuses, "NoPE generalizes to longer inputs better than the other PEs", "; ".join(parts)
+    )
 
 
-def probe_verdict(task: str, table: pd.DataFrame) -> str:
-    """Best layer's OOD (else ID) R2 of the position probe: trained NoPE vs random init."""
-    r2 = table[table["metric"] == "r2"]
-    split = "OOD" if (r2["split"] == "OOD").any() else "ID"
-    r2 = r2[r2["split"] == split]
-    trained = r2[r2["model"] == "trained"]
-    if trained.empty:
-        return f"{task}: no probe results"
-    best = trained.loc[trained["value"].idxmax()]
-    rand = r2[(r2["model"] == "random_init") & (r2["layer"] == best["layer"])]["value"]
-    rand_txt = f", random-init {_fmt(float(rand.iloc[0]))}" if len(rand) else ""
-    return f"{task}: position R2 {_fmt(best['value'])} ({split}, layer {best['layer']}{rand_txt})"
+def probe_status(table: pd.DataFrame) -> tuple[str, str]:
+    """Theorem 1 on one NoPE checkpoint: (status, numbers). Judged on the held-out ID split
+    at the best layer after the embeddings: supported when the probe's R2 reaches GOOD_R2
+    and beats the random-init model's at that layer by MARGIN_R2; not supported when it
+    does neither; inconclusive otherwise."""
+    r2 = table[(table["metric"] == "r2") & (table["layer"] >= 1)]
+    numbers = []
+    status = INCONCLUSIVE
+    for split in ("ID", "OOD"):
+        rows = r2[r2["split"] == split]
+        trained = rows[rows["model"] == "trained"]
+        if trained.empty:
+            continue
+        best = trained.loc[trained["value"].idxmax()]
+        rand = rows[(rows["model"] == "random_init") & (rows["layer"] == best["layer"])]["value"]
+        rand_value = float(rand.iloc[0]) if len(rand) else float("nan")
+        rand_txt = f", random-init {_fmt(rand_value)}" if len(rand) else ""
+        numbers.append(f"{split} R2 {_fmt(best['value'])} (layer {best['layer']}{rand_txt})")
+        if split == "ID":
+            value = float(best["value"])
+            good, ahead = value >= GOOD_R2, not value - rand_value < MARGIN_R2
+            status = (
+                SUPPORTED
+                if good and ahead
+                else NOT_SUPPORTED
+                if not (good or ahead)
+                else INCONCLUSIVE
+            )
+    return status, ", ".join(numbers) or "no probe results"
+
+
+def probe_verdict(results: dict[str, pd.DataFrame]) -> str:
+    """Theorem 1 over tasks: {task: probe_position table} (see `probe_status`)."""
+    judged = {task: probe_status(table) for task, table in results.items()}
+    return claim_line(
+        [status for status, _ in judged.values()],
+        "NoPE's residual stream encodes absolute position (a linear probe recovers it, "
+        "beyond an untrained model)",
+        "; ".join(f"{task}: {numbers}" for task, (_, numbers) in judged.items()),
+    )
 
 
 def distance_summary(results: dict[tuple[str, str], object]) -> pd.DataFrame:
@@ -98,8 +169,10 @@ def distance_summary(results: dict[tuple[str, str], object]) -> pd.DataFrame:
 
 def distance_verdict(summary: pd.DataFrame) -> str:
     """Theorem 2 asks whether layers after the first can make logits depend on distance:
-    NoPE's best head in layers >= 1 against its best head in layer 0."""
-    parts = []
+    NoPE's best head in layers >= 1 against its best head in layer 0 (OOD where measured).
+    Supported when the best later head reaches GOOD_R2 and beats layer 0 by MARGIN_R2; not
+    supported when it does neither; inconclusive otherwise."""
+    parts, statuses = [], []
     nope = summary[summary["pe"] == "nope"]
     for task, rows in nope.groupby("task", sort=False):
         split = "OOD" if (rows["split"] == "OOD").any() else rows["split"].iloc[0]
@@ -109,19 +182,48 @@ def distance_verdict(summary: pd.DataFrame) -> str:
         if later.empty:
             continue
         best = later.loc[later["max_score"].idxmax()]
-        l0 = _fmt(float(first["max_score"].max())) if len(first) else "n/a"
-        parts.append(
-            f"{task} NoPE: best head distance R2 {_fmt(best['max_score'])} in layer "
-            f"{best['layer']} ({split}; layer 0: {l0})"
+        l0 = float(first["max_score"].max()) if len(first) else float("nan")
+        value = float(best["max_score"])
+        good, ahead = value >= GOOD_R2, not value - l0 < MARGIN_R2
+        statuses.append(
+            SUPPORTED if good and ahead else NOT_SUPPORTED if not (good or ahead) else INCONCLUSIVE
         )
-    return "; ".join(parts) or "no NoPE checkpoint to test"
+        parts.append(
+            f"{task} NoPE: best head distance R2 {_fmt(value)} in layer "
+            f"{best['layer']} ({split}; layer 0: {_fmt(l0)})"
+        )
+    if not parts:
+        return "Inconclusive: no NoPE checkpoint with more than one layer to test"
+    return claim_line(
+        statuses,
+        "NoPE's later layers attend by relative distance (their logits depend on n - m)",
+        "; ".join(parts),
+    )
 
 
 def similarity_verdict(task: str, ranking: pd.DataFrame) -> str:
+    """Claim 4: NoPE's attention is closest to T5's among the reference PEs (the second NoPE
+    seed left out). Supported when T5 ranks first with its 95% CI below the runner-up's;
+    not supported when another PE's CI lies wholly below T5's; inconclusive otherwise."""
+    from nopeinterp.similarity.compare import NOPE_PRIME
+
     split = "OOD" if (ranking["split"] == "OOD").any() else ranking["split"].iloc[0]
     rows = ranking[ranking["split"] == split].sort_values("rank")
     order = " < ".join(f"{r} {m:.3f}" for r, m in zip(rows["ref"], rows["mean"], strict=True))
-    return f"{task}, {split}, divergence from NoPE: {order} (paper: {PAPER_SIMILARITY_ORDER})"
+    numbers = f"{task}, {split}, divergence from NoPE: {order} (paper: {PAPER_SIMILARITY_ORDER})"
+    refs = rows[rows["ref"] != NOPE_PRIME]
+    t5 = refs[refs["ref"] == "t5"]
+    status = INCONCLUSIVE
+    if len(t5) and {"ci_low", "ci_high"} <= set(refs.columns):
+        others = refs[refs["ref"] != "t5"]
+        low, high = float(t5["ci_low"].iloc[0]), float(t5["ci_high"].iloc[0])
+        if others.empty:
+            status = INCONCLUSIVE
+        elif int(t5["rank"].iloc[0]) == int(refs["rank"].min()) and high < others["ci_low"].min():
+            status = SUPPORTED
+        elif (others["ci_high"] < low).any():
+            status = NOT_SUPPORTED
+    return claim_line([status], "NoPE's attention looks most like T5's relative bias", numbers)
 
 
 # -- the explorer's examples -----------------------------------------------------------------
@@ -161,18 +263,59 @@ def run_main_job(
     any of its fields, say how much of each analysis runs; `sections` (default `SECTIONS`)
     which sections the page has.
 
-    Runs with one torch thread: the shipped models are tiny, and on a 2-core machine a second
-    thread only contends (the main job took 40 min at the default thread count beside other
-    jobs, under 2 min with one thread beside the test suite)."""
+    Runs with `options.threads` torch threads (one by default), restored afterwards. Everything
+    is written into a fresh folder beside `out` that replaces `out` only when the page is
+    done: an interrupted run leaves the previous report whole (never a mix of two runs), and
+    `out` holds only this run's files.
+    """
     import torch
 
+    from nopeinterp.errors import NopeinterpError
+
     opts = ReportOptions.make(options, **changes)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise NopeinterpError(f"{out}: exists and is not a folder")
+    fresh = _sibling(out, "new")
+    before = torch.get_num_threads()
+    torch.set_num_threads(opts.threads)
     try:
-        return _run_main_job(checkpoints, out, opts, SECTIONS if sections is None else sections)
+        _run_main_job(checkpoints, fresh, opts, SECTIONS if sections is None else sections)
+        _swap_in(fresh, out)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
+        if fresh.exists():
+            import shutil
+
+            shutil.rmtree(fresh, ignore_errors=True)
+    index = out / "index.html"
+    print(f"\nreport written to {index} ({index.stat().st_size / 2**20:.1f} MiB)")
+    return index
+
+
+def _sibling(out: Path, kind: str) -> Path:
+    """A new hidden folder name next to `out` (same file system: renames are atomic)."""
+    import secrets
+
+    return out.with_name(f".{out.name}.{kind}-{secrets.token_hex(4)}")
+
+
+def _swap_in(fresh: Path, out: Path) -> None:
+    """Put `fresh` in `out`'s place; the previous `out`, if any, is removed afterwards."""
+    import shutil
+
+    old = None
+    if out.exists():
+        old = _sibling(out, "old")
+        out.rename(old)
+    try:
+        fresh.rename(out)
+    except OSError:
+        if old is not None:
+            old.rename(out)  # the previous report back in place
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 # -- the sections: each computes from the checkpoints and says what the page shows --------------
@@ -235,7 +378,7 @@ def position_probes(z: Zoo) -> Found | None:
     from nopeinterp.probing import probe_position
 
     found = Found("")
-    verdicts = []
+    tables = {}
     for task in z.tasks:
         nope = zoo.get(z.entries, task, "nope")
         if nope is None:
@@ -253,14 +396,14 @@ def position_probes(z: Zoo) -> Found | None:
             )
         )
         result.save(z.out / f"probe_position_{task}", html=False)
-        verdicts.append(probe_verdict(task, result.table))
+        tables[task] = result.table
         found.items += [
             (result.figure(), f"{task}: linear position probes per layer"),
             (pivot, f"{task}: probe metrics per layer"),
         ]
-    if not verdicts:
+    if not tables:
         return None
-    found.verdict = "; ".join(verdicts)
+    found.verdict = probe_verdict(tables)
     return found
 
 
@@ -458,6 +601,4 @@ def _run_main_job(checkpoints, out, opts: ReportOptions, sections) -> Path:
             sec.add(item, caption=caption)
         if found.note:
             sec.text(found.note)
-    index = page.write(z.out / "index.html", max_bytes=PAGE_MAX_BYTES)
-    print(f"\nreport written to {index} ({index.stat().st_size / 2**20:.1f} MiB)")
-    return index
+    return page.write(z.out / "index.html", max_bytes=PAGE_MAX_BYTES)

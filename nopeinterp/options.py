@@ -25,6 +25,11 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 HEAD_CHOICES = ("min", "hungarian", "same")  # how compare_attention pairs heads
 HOOKS = ("resid_post", "resid_mid", "attn_out", "mlp_out")  # what a position probe reads
 CONCEPTS = ("index", "onehot")  # what position erasure erases
+# torch threads of an analysis command and of the main job: the shipped models are tiny, and on
+# a 2-core machine a second thread only contends (the main job took 40 min at the default thread
+# count beside other jobs, under 2 min with one thread beside the test suite; `probe-position`
+# on copy-nope 53 s at the default, 11.4 s with one). More help large models.
+THREADS = 1
 
 
 def option(default, help: str = "", *, parse: str | None = None, flag: bool = True, **more):
@@ -101,6 +106,8 @@ class Options(_Described):
     seed: int = option(0, "seed of the sampled examples", parse="integer")
     batch_size: int = option(64, "sequences per forward pass", parse="positive_int")
     device: str | None = option(None, "e.g. cuda (default: where the model is)")
+    threads: int = option(THREADS, "torch threads (default 1: the models are small; more "
+                          "help large models)", parse="positive_int")  # fmt: skip
     progress: bool = option(True, flag=False)  # the command line's --quiet
     title: str | None = option(None, flag=False)  # the result's title (default: described)
 
@@ -241,6 +248,8 @@ class ReportOptions(_Described):
         ("all",), "PEs given the distance analysis, comma-separated (NoPE always; default all)",
         parse="names",
     )  # fmt: skip
+    threads: int = option(THREADS, "torch threads (default 1: the models are small)",
+                          parse="positive_int")  # fmt: skip
     explorer_per_split: int = option(3, flag=False, at_least=1)
     progress: bool = option(True, flag=False)
 

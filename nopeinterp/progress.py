@@ -115,9 +115,12 @@ class Progress:
         head = f"{self.desc}: " if self.desc else ""
         tail = f" {self.postfix}" if self.postfix else ""
         word = "done" if final else "elapsed"
+        eta = ""
+        if not final and self.total and rate > 0 and self.n < self.total:
+            eta = f" eta {_fmt_time((self.total - self.n) / rate)}"
         self.file.write(
             f"{head}{count} {self.unit}{pct} {rate:.3g} {self.unit}/s {word} "
-            f"{_fmt_time(elapsed)}{tail}\n"
+            f"{_fmt_time(elapsed)}{eta}{tail}\n"
         )
         self.file.flush()
 

@@ -62,9 +62,8 @@ def test_meta_must_be_plain(tiny, tmp_path):
 def test_crash_mid_save_leaves_old_file_intact(tiny, tmp_path, monkeypatch):
     path = save_checkpoint(tiny("nope"), tmp_path / "m.pt", step=1)
 
-    def broken_save(obj, f, *a, **k):
-        with open(f, "wb") as fh:
-            fh.write(b"PK\x03\x04 half a file")
+    def broken_save(obj, f, *a, **k):  # f: the open temporary file
+        f.write(b"PK\x03\x04 half a file")
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", broken_save)

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -75,24 +76,75 @@ def test_verdicts_follow_the_numbers():
             "seed": [0, 0, 0],
             "split": ["OOD"] * 3,
             "accuracy": [0.4, 0.6, float("nan")],
+            "n": [200, 200, 0],
         }
     )
     assert length_verdict(summary) == (
-        "copy: NoPE OOD exact match 0.40, rank 2 of 2 PEs (best t5 0.60)"
+        "Not supported on these checkpoints: NoPE generalizes to longer inputs better than the "
+        "other PEs. copy: NoPE OOD exact match 0.40, rank 2 of 2 PEs (best t5 0.60)"
     )
     summary.loc[0, "accuracy"] = 0.9
+    assert length_verdict(summary).startswith("Supported on these checkpoints: ")
     assert "rank 1 of 2 PEs (best nope 0.90)" in length_verdict(summary)
+    summary.loc[0, "accuracy"] = 0.55  # within two standard errors of t5's 0.60 on 200 items
+    assert length_verdict(summary).startswith("Inconclusive on these checkpoints: ")
+    summary.loc[:, "accuracy"] = [0.01, 0.02, float("nan")]  # no PE generalizes at all
+    assert length_verdict(summary).startswith("Inconclusive")
+    two = pd.concat([summary.assign(accuracy=[0.9, 0.1, None]), summary.assign(task="scan",
+                     accuracy=[0.1, 0.9, None])])  # fmt: skip
+    assert length_verdict(two).startswith("Inconclusive on these checkpoints (tasks disagree)")
+
     ranking = pd.DataFrame(
         {
-            "split": ["OOD", "OOD", "ID"],
-            "rank": [2, 1, 1],
-            "ref": ["t5", "alibi", "t5"],
-            "mean": [0.3, 0.1, 0.2],
+            "split": ["OOD", "OOD", "OOD", "ID"],
+            "rank": [1, 2, 3, 1],
+            "ref": ["alibi", "nope_prime", "t5", "t5"],
+            "mean": [0.1, 0.2, 0.3, 0.2],
+            "ci_low": [0.08, 0.18, 0.28, 0.1],
+            "ci_high": [0.12, 0.22, 0.32, 0.3],
         }  # fmt: skip
     )
-    assert similarity_verdict("scan", ranking).startswith(
-        "scan, OOD, divergence from NoPE: alibi 0.100 < t5 0.300"
+    verdict = similarity_verdict("scan", ranking)
+    assert verdict.startswith("Not supported on these checkpoints: NoPE's attention looks most")
+    assert "scan, OOD, divergence from NoPE: alibi 0.100 < nope_prime 0.200 < t5 0.300" in verdict
+    ranking.loc[2, ["rank", "mean", "ci_low", "ci_high"]] = [0, 0.05, 0.04, 0.06]
+    assert similarity_verdict("scan", ranking).startswith("Supported on these checkpoints")
+    ranking.loc[2, ["ci_low", "ci_high"]] = [0.0, 0.2]  # its CI overlaps alibi's
+    assert similarity_verdict("scan", ranking).startswith("Inconclusive on these checkpoints")
+
+
+def test_theorem_verdicts_follow_the_numbers():
+    import pandas as pd
+
+    from nopeinterp.main_job import distance_verdict, probe_verdict
+
+    def probe(trained, random_init):
+        return pd.DataFrame(
+            [{"model": m, "layer": 1, "split": "ID", "metric": "r2", "value": v}
+             for m, v in (("trained", trained), ("random_init", random_init))]
+        )  # fmt: skip
+
+    verdict = probe_verdict({"copy": probe(0.9, 0.2)})
+    assert verdict == (
+        "Supported on these checkpoints: NoPE's residual stream encodes absolute position (a "
+        "linear probe recovers it, beyond an untrained model). copy: ID R2 0.90 (layer 1, "
+        "random-init 0.20)"
     )
+    assert probe_verdict({"copy": probe(0.3, 0.25)}).startswith("Not supported")
+    assert probe_verdict({"copy": probe(0.9, 0.85)}).startswith("Inconclusive")
+
+    def distance(later, first):
+        return pd.DataFrame(
+            [{"task": "copy", "pe": "nope", "split": "OOD", "layer": layer, "max_score": v}
+             for layer, v in ((0, first), (1, later))]
+        )  # fmt: skip
+
+    assert distance_verdict(distance(0.8, 0.1)).startswith("Supported")
+    assert "best head distance R2 0.80 in layer 1 (OOD; layer 0: 0.10)" in distance_verdict(
+        distance(0.8, 0.1)
+    )
+    assert distance_verdict(distance(0.15, 0.1)).startswith("Not supported")
+    assert distance_verdict(distance(0.3, 0.1)).startswith("Inconclusive")
 
 
 # -- the page in a browser ---------------------------------------------------------------------
@@ -162,3 +214,103 @@ def test_index_page_renders_offline_and_explorer_responds(report, tmp_path):
     assert _same(head1["b"]["z"], data.pattern(ref, layer, 1, 0))
     assert head1["a"]["img"] and head1["a"]["img"] != start["a"]["img"]
     assert head1["b"]["img"] != start["b"]["img"]
+
+
+# Geometry of the drawn page: labels inside their figure, axis titles clear of the tick
+# labels, titles clear of the mode bar, legends whole (no scroll bar).
+LAYOUT_PROBE = """<script>
+window.addEventListener("load", function () {
+  setTimeout(function () {
+    var problems = [], checked = 0;
+    function box(el) { return el.getBoundingClientRect(); }
+    function overlap(a, b) {
+      return a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 &&
+             b.top < a.bottom - 1;
+    }
+    document.querySelectorAll(".js-plotly-plot").forEach(function (gd) {
+      var svg = gd.querySelector(".main-svg"), s = box(svg), name = gd.id;
+      checked++;
+      gd.querySelectorAll(".xtick text, .ytick text").forEach(function (t) {
+        var b = box(t);
+        if (b.width && (b.left < s.left - 1 || b.right > s.right + 1 || b.bottom > s.bottom + 1))
+          problems.push(name + ": tick label '" + t.textContent + "' cut");
+      });
+      gd.querySelectorAll(".g-xtitle text, .g-x2title text").forEach(function (title) {
+        var tb = box(title);
+        gd.querySelectorAll(".xtick text, .x2tick text").forEach(function (t) {
+          if (box(t).width && overlap(tb, box(t)))
+            problems.push(name + ": axis title '" + title.textContent + "' over tick labels");
+        });
+      });
+      gd.querySelectorAll(".g-ytitle text").forEach(function (title) {
+        var tb = box(title);
+        gd.querySelectorAll(".ytick text").forEach(function (t) {
+          if (box(t).width && overlap(tb, box(t)))
+            problems.push(name + ": axis title '" + title.textContent + "' over tick labels");
+        });
+      });
+      var bar = gd.querySelector(".modebar"), title = gd.querySelector(".g-gtitle text");
+      if (bar && title && overlap(box(bar), box(title)))
+        problems.push(name + ": title under the mode bar");
+      gd.querySelectorAll(".legend .scrollbar").forEach(function (sb) {
+        if (box(sb).height > 0) problems.push(name + ": legend scrolls (clipped)");
+      });
+    });
+    var out = document.createElement("pre");
+    out.id = "layout";
+    out.textContent = JSON.stringify({checked: checked, problems: problems});
+    document.body.appendChild(out);
+  }, 800);
+});
+</script></body></html>"""
+
+
+class _Tables(HTMLParser):
+    """Each table's rows as lists of (tag, text) cells."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tables, self.cell = [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr" and self.tables:
+            self.tables[-1].append([])
+        elif tag in ("td", "th") and self.tables:
+            self.cell = [tag, ""]
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell[1] += data
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.tables[-1][-1].append((self.cell[0], self.cell[1].strip()))
+            self.cell = None
+
+
+def test_page_layout_keeps_labels_whole(report, tmp_path):
+    """Tables: one header cell per column, none blank. In the browser: the geometry probe
+    finds no cut label, no axis title over tick labels, no title under the mode bar and no
+    scrolling legend; a screenshot of the page is kept for a person to look at."""
+    test_report_browser = pytest.importorskip("test_report_browser")
+    path, _ = report
+    source = path.read_text(encoding="utf-8")
+    tables = _Tables()
+    tables.feed(source)
+    assert tables.tables
+    for rows in tables.tables:
+        header, *body = rows
+        assert all(text for _, text in header), header  # no blank header cell
+        assert all(len(row) == len(header) for row in body), (header, body[:1])
+    if test_report_browser.CHROMIUM is None:
+        pytest.skip("chromium not installed; .ci/run installs it")
+    probed = tmp_path / "layout.html"
+    probed.write_text(source.replace("</body></html>", LAYOUT_PROBE), encoding="utf-8")
+    dom, console = test_report_browser._render(probed, tmp_path / "profile")
+    assert console == []
+    found = json.loads(html.unescape(re.search(r'<pre id="layout">(.*?)</pre>', dom, re.S)[1]))
+    assert found["checked"] >= 6 and found["problems"] == [], found
+    shot = test_report_browser.screenshot(path, tmp_path / "page.png", tmp_path / "profile3")
+    assert shot.stat().st_size > 10_000

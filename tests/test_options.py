@@ -31,7 +31,7 @@ INPUTS = {
     },  # fmt: skip
     "report": {"checkpoints", "out"},
 }
-TRAIN_INPUTS = {"task", "pe", "out", "preset"}
+TRAIN_INPUTS = {"task", "pe", "out", "preset", "overwrite"}  # overwrite: not a config
 SWEEP_INPUTS = {"tasks", "pes", "seeds", "out", "preset", "workers", "shard", "eval_n_record",
                 "test"}  # fmt: skip
 

@@ -53,6 +53,7 @@ def test_in_a_pipe_each_item_is_a_plain_line_without_carriage_returns():
     # interval=0: one line per item, then a final line for each loop
     assert len(lines) == 5 + 1 + 3 + 1, lines
     assert lines[0].startswith("eval copy: 1/5 ex (20%)")
+    assert " eta " in lines[0] and " eta " not in lines[5]  # the time left, while running
     assert lines[5].startswith("eval copy: 5/5 ex (100%)") and " done " in lines[5]
     assert lines[-1].startswith("train: 3/3 it (100%)") and lines[-1].endswith("loss=0.33")
 

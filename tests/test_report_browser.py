@@ -125,6 +125,20 @@ def _render(path: Path, profile: Path, *, block_network: bool = True) -> tuple[s
     return proc.stdout, [line for line in proc.stderr.splitlines() if _CONSOLE.search(line)]
 
 
+def screenshot(path: Path, png: Path, profile: Path, *, width=1300, height=6000) -> Path:
+    """A PNG of `path` in headless Chromium (networking blocked), `width` x `height` pixels;
+    for a person to look at (the layout checks are the DOM probes)."""
+    cmd = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--hide-scrollbars", f"--user-data-dir={profile}", *NO_NETWORK,
+        "--virtual-time-budget=10000", f"--window-size={width},{height}",
+        f"--screenshot={png}", path.resolve().as_uri(),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, encoding="utf-8", errors="replace", timeout=180)
+    assert proc.returncode == 0 and png.exists(), proc.stderr[-3000:]
+    return png
+
+
 def _problems(path: Path, profile: Path, **kwargs) -> list[str]:
     """What is wrong with `path` in the browser; [] if every figure rendered cleanly."""
     expected = _figure_ids(path.read_text(encoding="utf-8"))

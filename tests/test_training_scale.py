@@ -87,7 +87,14 @@ def test_a_killed_torchrun_resumes_to_the_same_weights(tmp_path):
     args = [*RUN, "--steps", "300", "--eval-every", "300", "--checkpoint-every", "20"]
     proc = torchrun([*args, "--out", str(out)])
     deadline = time.time() + 240
-    while not state.exists() and proc.poll() is None and time.time() < deadline:
+
+    def step():  # the training state's step (the first is written at step 0)
+        try:
+            return torch.load(state, weights_only=True)["step"]
+        except (OSError, RuntimeError):
+            return 0
+
+    while step() == 0 and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     for pid in [proc.pid, *descendants(proc.pid)]:  # the launcher and both ranks, mid-run
         os.kill(pid, signal.SIGKILL)  # (torchrun starts each rank in a session of its own)

@@ -77,6 +77,8 @@ def stream(
                     stop_at_layer=stop,
                     return_cache_object=False,
                 )
+                for name in sorted(names, key=lambda n: (block_of(n), n)):  # the first one
+                    _check_finite(cache[name], mask, name, desc)
                 yield (
                     idx,
                     mask,
@@ -89,6 +91,21 @@ def stream(
                 )
                 del cache
                 bar.update(1)
+
+
+def _check_finite(activation: torch.Tensor, mask: torch.Tensor, name: str, desc: str) -> None:
+    """NopeinterpError when an activation [batch, pos, ...] is NaN or infinite at a real
+    token (padding is left out: it may be anything)."""
+    from nopeinterp.errors import NopeinterpError
+
+    real = activation
+    if tuple(activation.shape[:2]) == tuple(mask.shape):
+        real = activation[mask.to(activation.device).bool()]
+    if not bool(torch.isfinite(real).all()):
+        raise NopeinterpError(
+            f"{desc}: non-finite activations (NaN or infinity) at {name}; the model "
+            "overflows or is damaged, so no number of this analysis would mean anything"
+        )
 
 
 # Cells (batch x heads x query rows x keys) per block of query rows: the block's scores and

@@ -391,7 +391,7 @@ def run_distance_dependence(mi: ModelInput, sets: Splits, opts: DistanceOptions)
         design = DistanceDesign()  # which cells are used: one for all layers
         stats = {layer: DistanceStats(H, design) for layer in layers}
         for real, blocks, attention, group in attention_groups(
-            model, s, layers, opts, scores=True, desc=f"distance: {split}"
+            model, s, layers, opts, scores=True, desc=f"distance {mi.name}: {split}"
         ):
 
             def valid(r0, r1, real=real):

@@ -197,7 +197,7 @@ def _attention_stats(
             for layer in layers
         }
         for real, blocks, attention, group in attention_groups(
-            model, s, layers, opts, scores=with_scores, desc=f"{desc}: {split}"
+            model, s, layers, opts, scores=with_scores, desc=f"{desc} {mi.name}: {split}"
         ):
 
             def valid(r0, r1, real=real):

@@ -138,6 +138,7 @@ def _fit_and_eval(
     max_cache_mb,
     progress,
     label,
+    model_name="",
 ):
     d = model.cfg.d_model
     P = n_classes
@@ -166,7 +167,7 @@ def _fit_and_eval(
             bytes_per_item=bytes_per_item,
             max_cache_mb=max_cache_mb,
             progress=progress,
-            desc=f"probe {label}: {name}",
+            desc=f"probe {model_name} {label}: {name}",
         ):
             real = mask.bool()
             pos = _positions(real)[real]
@@ -212,7 +213,7 @@ def _fit_and_eval(
             bytes_per_item=bytes_per_item,
             max_cache_mb=max_cache_mb,
             progress=progress,
-            desc=f"probe {label}: {split}",
+            desc=f"probe {model_name} {label}: {split}",
         ):
             real = mask.bool()
             pos = _positions(real)[real]
@@ -321,6 +322,7 @@ def run_probe_position(mi: ModelInput, sets: Splits, opts: ProbeOptions) -> Prob
         batch_size=opts.batch_size,
         max_cache_mb=opts.max_cache_mb,
         progress=opts.progress,
+        model_name=mi.name,
     )
     shuf = _shuffled_labels(sets, ("fit", "val"), seed) if opts.shuffle_control else None
     rows, alpha_rows, probes = _fit_and_eval(

@@ -135,6 +135,8 @@ class SweepPlan:
 
 
 TESTS = ("sampled", "eval_set", "none")
+# what the log adds to a status
+_EXPLAINED = {"busy": " (another process holds this run: left to it)"}
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -145,35 +147,38 @@ def _write_json(path: Path, data: dict) -> None:
 
 def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
     """Train (or resume) one run, evaluate it and write its record. Returns its status:
-    'skipped' (a record exists), 'finished', 'interrupted' (stopped early: no record) or
-    'busy' (another process holds its lock)."""
+    'skipped' (a record exists), 'finished', 'tested' (a test set added to its record),
+    'interrupted' (stopped early: no record) or 'busy' (another process holds the run).
+
+    The run is claimed (its checkpoint's lock) from the first look at its record to the
+    record's write, so two sweeps over one folder never both finish, test or record it."""
     import torch
 
-    from nopeinterp._io import versions
-    from nopeinterp.training.trainer import (
-        RUN_ONLY,
-        RunLockedError,
-        _lock,
-        make_config,
-        train,
-        validation_curve_path,
-    )
+    from nopeinterp.training.trainer import RunLockedError, _lock
 
     if threads:
         torch.set_num_threads(threads)
+    ckpt = plan.out / run_name(spec) / CHECKPOINT
+    try:
+        claim = _lock(ckpt)
+    except RunLockedError:
+        return "busy"
+    try:
+        return _run_claimed(plan, spec)
+    finally:
+        claim.release()
+
+
+def _run_claimed(plan: SweepPlan, spec: RunSpec) -> str:
+    from nopeinterp._io import versions
+    from nopeinterp.training.trainer import RUN_ONLY, make_config, train, validation_curve_path
+
     folder = plan.out / run_name(spec)
     record_path, ckpt = folder / RECORD, folder / CHECKPOINT
     if record_path.exists():
         if plan.test != "eval_set":
             return "skipped"
-        try:  # the run's lock: two sweeps over one folder decode a test set once
-            lock = _lock(ckpt)
-        except RunLockedError:
-            return "busy"
-        try:
-            return "tested" if _add_test(record_path, ckpt) else "skipped"
-        finally:
-            lock.release()
+        return "tested" if _add_test(record_path, ckpt) else "skipped"
     state = ckpt.with_name(ckpt.name + ".state.pt")
     options = {**plan.overrides.get("task_options", {}), **spec.options}
     overrides = {**plan.overrides, "task_options": options, "seed": spec.seed, "progress": False}
@@ -184,10 +189,7 @@ def run_one(plan: SweepPlan, spec: RunSpec, threads: int | None = None) -> str:
     if trains_here:
         cfg.resume = True
         resumed_wall = _state_wall(state)
-        try:
-            train(cfg)
-        except RunLockedError:
-            return "busy"
+        train(cfg, lock=False)  # the run's lock is ours already
     if state.exists():
         return "interrupted"
     from nopeinterp.checkpoint import load_checkpoint
@@ -354,14 +356,14 @@ def run_sweep(
     if workers <= 1:
         for spec in runs:
             statuses[run_name(spec)] = status = run_one(plan, spec)
-            log(f"{run_name(spec)}: {status}")
+            log(f"{run_name(spec)}: {status}{_EXPLAINED.get(status, '')}")
         return statuses
     threads = max(1, (os.cpu_count() or 1) // workers)
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         futures = {run_name(s): pool.submit(run_one, plan, s, threads) for s in runs}
         for name, future in futures.items():
             statuses[name] = status = future.result()
-            log(f"{name}: {status}")
+            log(f"{name}: {status}{_EXPLAINED.get(status, '')}")
     return statuses
 
 

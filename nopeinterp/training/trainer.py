@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nopeinterp._io import atomic_write, versions
+from nopeinterp._io import atomic_write, atomic_write_torch, versions
 from nopeinterp.checkpoint import save_checkpoint
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import exact_match
@@ -164,8 +164,8 @@ class RunLockedError(NopeinterpError):
 
 
 def _lock(out: Path):
-    """An OS lock on <out>.lock, or NopeinterpError if another process holds it."""
-    from filelock import FileLock, Timeout
+    """An OS lock on <out>.lock (a `HeldLock`), or RunLockedError if another holder has it."""
+    from nopeinterp._io import try_lock
 
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -175,30 +175,30 @@ def _lock(out: Path):
         ) from None
     if not os.access(out.parent, os.W_OK):
         raise NopeinterpError(f"{out.parent}: not writable")
-    lock = FileLock(str(out) + ".lock", timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
+    lock = try_lock(str(out) + ".lock")
+    if lock is None:
         raise RunLockedError(
             f"{out}: another training run is writing this file (lock {out}.lock held); "
             "wait for it or choose another --out"
-        ) from None
+        )
     return lock
 
 
-def train(config: TrainConfig) -> Path:
+def train(config: TrainConfig, *, lock: bool = True) -> Path:
     """Train one model; returns the path of the best checkpoint (`config.out`).
 
     Under torchrun (WORLD_SIZE > 1) every rank calls this; rank 0 writes the files.
+    `lock=False`: the caller already holds the run's lock (`_lock(out)`), as a sweep does
+    from the start of a run to its record.
     """
     config.validate()
     rt = Runtime.start(config.device, config.precision)
-    lock = None
+    held = None
     try:
         error = None
-        if rt.is_main:
+        if rt.is_main and lock:
             try:
-                lock = _lock(Path(config.out))
+                held = _lock(Path(config.out))
             except NopeinterpError as e:
                 error = (type(e) is RunLockedError, str(e))
         error = rt.broadcast(error)
@@ -208,8 +208,8 @@ def train(config: TrainConfig) -> Path:
         with deterministic_algorithms(rt.device), torch.random.fork_rng(devices=devices):
             return _train(config, rt)
     finally:
-        if lock is not None:
-            lock.release()
+        if held is not None:
+            held.release()
         rt.stop()
 
 
@@ -233,6 +233,8 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             )
     elif cfg.resume and out.exists():
         raise NopeinterpError(f"{out} exists and has no training state: that run already finished")
+    elif not cfg.resume and rt.is_main:
+        state_path.unlink(missing_ok=True)  # starting over: an older run's state would mislead
     task = get_task(cfg.task, **cfg.task_options)
     lm = cfg.task == LM_TASK
     if lm:  # chunks of the corpus: the context is the longest sequence
@@ -308,7 +310,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             "history": history,
             "wall": wall,
         }
-        atomic_write(state_path, lambda t: torch.save(snapshot, t))
+        atomic_write_torch(state_path, snapshot)
 
     def save_best(step, scores):
         save_checkpoint(
@@ -333,6 +335,10 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             versions=versions(),
         )
 
+    if state is None and rt.is_main:
+        # a state from the first step on: a run killed at any point (even between writing its
+        # best checkpoint and its next state) resumes from `--resume`
+        save_state(0)
     train_model = model
     if rt.distributed:
         from torch.nn.parallel import DistributedDataParallel
@@ -425,7 +431,9 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
         postfix = {"loss": f"{float(loss_sum) / rt.world_size:.3f}", "tok_s": f"{tok_s:.0f}"}
         if speed["mfu"] is not None:
             postfix["mfu"] = f"{speed['mfu']:.1%}"
-        bar.set_postfix(**postfix, val=f"{last_val:.2f}")
+        if not math.isnan(last_val):  # no validation yet: nothing to show
+            postfix["val"] = f"{last_val:.2f}"
+        bar.set_postfix(**postfix)
         bar.update(1)
         if stopped or reached:
             break

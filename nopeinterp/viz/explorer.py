@@ -51,10 +51,17 @@ _JS = r"""
       zmin: 0, zmax: 1, colorscale: "Viridis", showscale: showScale, hoverongaps: false,
       hovertemplate: "query %{y}<br>key %{x}<br>attention %{z:.3f}<extra></extra>"};
     var what = head === "mean" ? "mean over heads" : "head " + head;
-    var layout = {title: {text: model + ": layer " + D.layers[li] + ", " + what},
-      xaxis: {title: {text: "key"}, type: "category", tickangle: -60},
-      yaxis: {title: {text: "query"}, type: "category", autorange: "reversed"},
-      height: 460, margin: {l: 80, r: 20, t: 50, b: 90}};
+    // automargin: the margins grow to hold the token labels and the axis titles beside
+    // them (fixed margins cut long labels and put "key" under the rotated ticks); the
+    // title sits left, clear of the mode bar on the right
+    var layout = {title: {text: model + ": layer " + D.layers[li] + ", " + what,
+                          x: 0, xanchor: "left", xref: "paper", y: 1, yanchor: "bottom",
+                          yref: "paper", pad: {b: 30}},
+      xaxis: {title: {text: "key", standoff: 8}, type: "category", tickangle: -60,
+              automargin: true},
+      yaxis: {title: {text: "query", standoff: 8}, type: "category", autorange: "reversed",
+              automargin: true},
+      height: 520, margin: {l: 20, r: 20, t: 90, b: 20}};
     return Plotly.react(div, [trace], layout, {responsive: true});
   }
   function redraw() {

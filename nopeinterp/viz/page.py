@@ -58,6 +58,9 @@ def _slug(text: str, taken: set[str]) -> str:
 def table_html(df: pd.DataFrame, *, collapse_rows: int = COLLAPSE_ROWS, caption=None) -> str:
     """A DataFrame as an HTML table; folded into <details> when it has more than
     `collapse_rows` rows (the summary line says how many)."""
+    # a named column axis (a pivot's "split", "column") would get a header cell of its own
+    # over an empty first column: its values are the headers already
+    df = df.rename_axis(columns=[None] * df.columns.nlevels)
     body = df.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
     label = html.escape(caption) if caption else "Table"
     if len(df) <= collapse_rows:

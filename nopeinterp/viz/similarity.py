@@ -143,7 +143,14 @@ def comparison_figure(table: pd.DataFrame, *, metric: str = "JSD") -> go.Figure:
     _add_split_traces(fig, table, row=1, col=2)
     fig.update_xaxes(title_text="layer", dtick=1, row=1, col=1)
     fig.update_yaxes(title_text=metric, row=1, col=1)
-    fig.update_layout(title=f"Attention {metric} to NoPE", barmode="group", height=480)
+    # the legend (a line per reference and split, two bars) below the plots, in rows: at the
+    # side it outgrew the plot's height and scrolled, its last entries hidden
+    fig.update_layout(
+        title=f"Attention {metric} to NoPE",
+        barmode="group",
+        height=560,
+        legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.15, "yanchor": "top"},
+    )
     return fig
 
 
