@@ -112,6 +112,33 @@ def atomic_write_torch(path: str | os.PathLike, obj) -> Path:
     return atomic_write(path, write)
 
 
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Swap two existing paths in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`): no
+    moment where either name is missing. False, with nothing changed, where the system or
+    file system cannot (then the caller renames in two steps)."""
+    import ctypes
+    import errno
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(a), None, os.fspath(b))
+
+
 class HeldLock:
     """An exclusive OS lock on a file, held until `release()` (which also removes the file,
     so no empty lock file stays behind)."""

@@ -172,6 +172,7 @@ def _each_checkpoint(args, analyse, what, **pivot) -> int:
         results = analyse(model, data, options)
         results = results if isinstance(results, tuple) else (results,)
         for found, result in zip(pivots, results, strict=True):
+            _say_degenerate(path.stem, result)
             found.append(pd.concat({path.stem: result.pivot(**pivot)}, names=["checkpoint"]))
             if args.out:
                 result.save(Path(args.out) / path.stem if many else args.out)
@@ -181,6 +182,18 @@ def _each_checkpoint(args, analyse, what, **pivot) -> int:
     if args.out:
         print(f"wrote {args.out}")
     return 0
+
+
+def _say_degenerate(name: str, result) -> None:
+    """One line on stderr per model whose fit was degenerate (a result's
+    meta["degenerate_fits"]): its numbers are NaN, flagged in the table, the rest stand."""
+    for fit in result.meta.get("degenerate_fits", ()):
+        layers = ", ".join(str(layer) for layer in fit["layers"])
+        print(
+            f"nopeinterp: {name}: the {fit['model']} probe's fit is degenerate at layer "
+            f"{layers} ({fit['reason']}); its values there are NaN (column 'degenerate')",
+            file=sys.stderr,
+        )
 
 
 def cmd_lm_eval(args) -> int:

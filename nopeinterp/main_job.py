@@ -115,7 +115,8 @@ def probe_status(table: pd.DataFrame) -> tuple[str, str]:
     """Theorem 1 on one NoPE checkpoint: (status, numbers). Judged on the held-out ID split
     at the best layer after the embeddings: supported when the probe's R2 reaches GOOD_R2
     and beats the random-init model's at that layer by MARGIN_R2; not supported when it
-    does neither; inconclusive otherwise."""
+    does neither; inconclusive otherwise, and when the random-init value is missing or NaN
+    (a degenerate fit)."""
     r2 = table[(table["metric"] == "r2") & (table["layer"] >= 1)]
     numbers = []
     status = INCONCLUSIVE
@@ -133,7 +134,9 @@ def probe_status(table: pd.DataFrame) -> tuple[str, str]:
             value = float(best["value"])
             good, ahead = value >= GOOD_R2, not value - rand_value < MARGIN_R2
             status = (
-                SUPPORTED
+                INCONCLUSIVE  # no control to beat (none, or its fit was degenerate: NaN)
+                if math.isnan(rand_value)
+                else SUPPORTED
                 if good and ahead
                 else NOT_SUPPORTED
                 if not (good or ahead)
@@ -266,20 +269,27 @@ def run_main_job(
     Runs with `options.threads` torch threads (one by default), restored afterwards. Everything
     is written into a fresh folder beside `out` that replaces `out` only when the page is
     done: an interrupted run leaves the previous report whole (never a mix of two runs), and
-    `out` holds only this run's files.
+    `out` holds only this run's files. What a killed run left beside `out` is removed by the
+    next; two reports on one `out` at once are refused (a lock beside it).
     """
     import torch
 
+    from nopeinterp._io import try_lock
     from nopeinterp.errors import NopeinterpError
 
     opts = ReportOptions.make(options, **changes)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise NopeinterpError(f"{out}: exists and is not a folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = try_lock(out.with_name(f".{out.name}.lock"))
+    if lock is None:
+        raise NopeinterpError(f"{out}: another report is being written there; let it finish")
     fresh = _sibling(out, "new")
     before = torch.get_num_threads()
     torch.set_num_threads(opts.threads)
     try:
+        _clean_siblings(out)
         _run_main_job(checkpoints, fresh, opts, SECTIONS if sections is None else sections)
         _swap_in(fresh, out)
     finally:
@@ -288,6 +298,7 @@ def run_main_job(
             import shutil
 
             shutil.rmtree(fresh, ignore_errors=True)
+        lock.release()
     index = out / "index.html"
     print(f"\nreport written to {index} ({index.stat().st_size / 2**20:.1f} MiB)")
     return index
@@ -300,12 +311,32 @@ def _sibling(out: Path, kind: str) -> Path:
     return out.with_name(f".{out.name}.{kind}-{secrets.token_hex(4)}")
 
 
-def _swap_in(fresh: Path, out: Path) -> None:
-    """Put `fresh` in `out`'s place; the previous `out`, if any, is removed afterwards."""
+def _clean_siblings(out: Path) -> None:
+    """Remove the hidden folders a killed report left beside `out` (called under the report's
+    lock). Where a kill came between the two renames of `_swap_in`'s fallback, `out` is
+    missing and its previous report waits in an "old" folder: that one is put back first."""
     import shutil
+
+    olds = sorted(out.parent.glob(f".{out.name}.old-*"))
+    if olds and not out.exists():
+        olds.pop().rename(out)
+    for stale in [*olds, *out.parent.glob(f".{out.name}.new-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _swap_in(fresh: Path, out: Path) -> None:
+    """Put `fresh` in `out`'s place; the previous `out`, if any, is removed afterwards. The
+    swap is one atomic exchange where the system has one (Linux), so a kill at any moment
+    leaves `out` holding one whole report."""
+    import shutil
+
+    from nopeinterp._io import exchange
 
     old = None
     if out.exists():
+        if exchange(fresh, out):  # `fresh` now holds the previous report
+            shutil.rmtree(fresh, ignore_errors=True)
+            return
         old = _sibling(out, "old")
         out.rename(old)
     try:

@@ -200,7 +200,7 @@ def test_position_probes(ckpt_dir, tmp_path):
     table = read(tmp_path, "position_probes")
     assert list(table.columns) == ["checkpoint", "task", "pe", "seed", "model", "layer",
                                    "layer_pe", "hook", "hook_name", "split", "metric", "value",
-                                   "n"]  # fmt: skip
+                                   "n", "degenerate"]  # fmt: skip
     assert set(table.checkpoint) == {"copy-nope", "copy-nope-seed1", "copy-t5", "copy-ape"}
     assert {"trained", "random_init"} <= set(table.model)
     assert set(table.layer) == {0, 1, 2}

@@ -1,6 +1,6 @@
 """Faults a user meets: kill -9 mid-run, a full disk, huge counts, NaN weights, two sweeps at once.
 
-Each test drives the command line (a subprocess where the process must die or hit an OS
+Each test drives the command line (a forked child process where the process must die or hit an OS
 limit) on tiny models with a few steps, and checks the outcome: one line on stderr and exit
 status 2 for a fault, the previous files intact, and a resumed run equal to one that never
 stopped.
@@ -11,9 +11,9 @@ import os
 import random
 import resource
 import signal
-import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -25,24 +25,64 @@ from nopeinterp.errors import CheckpointError, NopeinterpError
 from nopeinterp.training import make_config, train
 from nopeinterp.training.sweep import NONDETERMINISTIC, parse_task_spec, run_sweep
 
-ROOT = Path(__file__).resolve().parents[1]
 TASK = "copy:id_lengths=2-4,ood_lengths=5-6"
 # tiny preset (1 layer, d_model 32), global batch 8; a validation and a state every 5 steps
 TRAIN = ["train", "--task", TASK, "--pe", "nope", "--preset", "tiny", "--batch-size", "8"]
 TRAIN += ["--eval-every", "5", "--checkpoint-every", "5", "--eval-n", "8"]
 
 
-def cli(args, **kwargs):
-    """`python -m nopeinterp ARGS` as a child process (one torch thread)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "nopeinterp", "--quiet", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kwargs,
-    )
+class Child:
+    """`nopeinterp --quiet ARGS` in a forked child of this process: `cli.main`, the function
+    `python -m nopeinterp` runs, with everything it needs already imported, so a child costs
+    no interpreter start-up (5-15 s on a loaded 2-core machine, most of these tests' time). A
+    real process all the same: it is killed with SIGKILL, holds its own locks, and gets its
+    own OS limits (`limit`: RLIMIT_FSIZE in bytes, writes past it fail with EFBIG as on a
+    full disk). Popen-like: poll, send_signal, communicate, returncode."""
+
+    def __init__(self, args, logs: Path, limit: int | None = None):
+        logs.mkdir(parents=True, exist_ok=True)
+        self.out, self.err = (logs / f"{os.getpid()}-{time.time_ns()}.{k}" for k in "oe")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.returncode = None
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into pytest
+            rc = 1
+            try:
+                for fd, path in ((1, self.out), (2, self.err)):
+                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                if limit is not None:
+                    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+                torch.set_num_threads(1)
+                rc = main(["--quiet", *args])
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(rc)
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig):
+        os.kill(self.pid, sig)
+
+    def communicate(self, timeout: float = 300):
+        deadline = time.time() + timeout
+        while self.poll() is None:
+            if time.time() > deadline:
+                self.send_signal(signal.SIGKILL)
+                raise TimeoutError(f"child {self.pid} ran past {timeout} s")
+            time.sleep(0.02)
+        return self.out.read_text(), self.err.read_text()
 
 
 def kill_when(proc, ready, delay: float, timeout: float = 240) -> bool:
@@ -84,7 +124,7 @@ def test_cli_train_killed_at_random_points_resumes_to_the_same_weights(tmp_path,
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     delays = sorted(rng.uniform(0.0, 1.5) for _ in range(2))
     for delay in delays:  # each try resumes what the previous kill left
-        proc = cli([*args, "--resume"] if out.exists() else args)
+        proc = Child([*args, "--resume"] if out.exists() else args, tmp_path / "logs")
         # killed once the best checkpoint exists: the case `--resume` must handle
         assert kill_when(proc, out.exists, delay), "finished before it was killed"
     # without --resume the interrupted run is refused, in one line naming the flag
@@ -131,16 +171,20 @@ def records(directory) -> dict:
 
 
 def test_sweep_killed_at_random_points_resumes_to_the_same_records(tmp_path, capsys):
+    reference = tmp_path / "ref"
+    start = time.time()
+    assert main([*SWEEP, "--out", str(reference)]) == 0  # a sweep never stopped
+    took = time.time() - start
     out = tmp_path / "grid"
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
-    delays = [rng.uniform(0.0, 3.0) for _ in range(2)]
-    for delay in delays:
-        proc = cli([*SWEEP, "--out", str(out)])
-        kill_when(proc, lambda: any(out.rglob("*.state.pt")), delay)
+    delays = [rng.uniform(0.0, 0.7 * took) for _ in range(2)]
+    killed = []
+    for delay in delays:  # after the first training state exists, within the sweep's time
+        proc = Child([*SWEEP, "--out", str(out)], tmp_path / "logs")
+        killed.append(kill_when(proc, lambda: any(out.rglob("*.state.pt")), delay))
+    assert killed[0], ("the first sweep finished before it was killed", delays)
     assert main([*SWEEP, "--out", str(out)]) == 0, capsys.readouterr().err
     assert not list(out.rglob("*.state.pt")) and not list(out.rglob("*.lock"))
-    reference = tmp_path / "ref"
-    assert main([*SWEEP, "--out", str(reference)]) == 0
     assert records(out) == records(reference), delays
     for run in records(reference):
         a, b = weights(out / run / "model.pt"), weights(reference / run / "model.pt")
@@ -148,14 +192,6 @@ def test_sweep_killed_at_random_points_resumes_to_the_same_records(tmp_path, cap
 
 
 # --- 2. a full disk while saving ----------------------------------------------------------------
-def _file_size_limit(limit: int):
-    def apply():  # in the child: writes past `limit` bytes fail (EFBIG), as on a full disk
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    return apply
-
-
 @pytest.mark.parametrize("command", ["train", "sweep"])
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_files(tmp_path, command):
     out = tmp_path / "run"
@@ -172,7 +208,7 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_files(tmp_p
         limit = kept.stat().st_size // 2
         args = [*SWEEP, "--out", str(out)]
     before = kept.read_bytes()
-    proc = cli(args, preexec_fn=_file_size_limit(limit))
+    proc = Child(args, tmp_path / "logs", limit=limit)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 2, err
     lines = err.strip().splitlines()
@@ -331,7 +367,7 @@ def test_a_second_sweep_arriving_while_a_run_is_recorded_leaves_it(tmp_path, mon
 
 def test_two_concurrent_sweeps_finish_each_run_once(tmp_path, capsys):
     out = tmp_path / "grid"
-    other = cli([*SWEEP, "--out", str(out)])
+    other = Child([*SWEEP, "--out", str(out)], tmp_path / "logs")
     deadline = time.time() + 240
     while not out.exists() and other.poll() is None and time.time() < deadline:
         time.sleep(0.02)  # the other sweep has started its first run: start this one
@@ -344,5 +380,64 @@ def test_two_concurrent_sweeps_finish_each_run_once(tmp_path, capsys):
         assert sorted(line.split(": ")[1].split()[0] for line in logs) in (
             ["busy", "finished"], ["finished", "skipped"]
         ), logs  # fmt: skip
+    # the sweeps overlapped: one of them found a run the other held
+    assert "busy" in here + there, (here, there)
     for path in out.rglob("record.json"):
         assert json.loads(path.read_text())["run_wall_s"] is not None
+
+
+# --- a report killed midway -------------------------------------------------------------------------
+REPORT = ["--n-attention", "1", "--n-probe", "16", "--n-distance", "4", "--n-heads", "4"]
+
+
+@pytest.fixture(scope="module")
+def small_zoo(tmp_path_factory):
+    """Three one-layer checkpoints (NoPE, NoPE-prime, T5): a report on them takes seconds."""
+    from nopeinterp import build_model
+    from nopeinterp.tasks import get_task, task_tokenizer
+
+    directory = tmp_path_factory.mktemp("zoo")
+    options = {"id_lengths": [2, 4], "ood_lengths": [5, 6]}
+    tok = task_tokenizer(get_task("copy", **options))
+    for name, pe, seed in [("nope", "nope", 0), ("nope-seed1", "nope", 1), ("t5", "t5", 0)]:
+        model = build_model(
+            pe, n_layers=1, n_heads=2, d_model=16, d_vocab=len(tok), n_ctx=64, seed=seed,
+            tokenizer=tok,
+        )  # fmt: skip
+        save_checkpoint(model, directory / f"copy-{name}.pt", task="copy", task_options=options)
+    return directory
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_report_killed_at_random_points_leaves_the_previous_report_whole(small_zoo, tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "reports" / "main"
+    base = ["report", "--checkpoints", str(small_zoo), *REPORT]
+    args = [*base, "--out", str(out)]
+    start = time.time()
+    assert main(["--quiet", *args, "--n", "1"]) == 0
+    took = time.time() - start
+    previous = snapshot(out)
+    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+    delays = [rng.uniform(0.0, 1.2 * took) for _ in range(3)]
+    for n, delay in enumerate(delays, start=2):  # each rerun asks for other counts: other files
+        proc = Child([*args, "--n", str(n)], tmp_path / "logs")
+        kill_when(proc, lambda: True, delay)
+        found = snapshot(out)
+        if found != previous:  # killed after its swap (or it finished): then its whole report
+            whole = tmp_path / f"whole-{n}"  # what that run writes when left alone
+            assert main(["--quiet", *base, "--out", str(whole), "--n", str(n)]) == 0
+            assert found == snapshot(whole), (n, delays)  # byte for byte: no mix of two runs
+            previous = found
+        assert b"</html>" in previous["index.html"]
+        for name in previous:
+            if name.endswith(".csv"):
+                pd.read_csv(out / name)
+    assert main(["--quiet", *args, "--n", "1"]) == 0
+    # the next finished report removes what the killed ones left beside it
+    assert sorted(p.name for p in out.parent.iterdir()) == ["main"], delays
+    assert snapshot(out).keys() == previous.keys()

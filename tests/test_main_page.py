@@ -132,6 +132,9 @@ def test_theorem_verdicts_follow_the_numbers():
     )
     assert probe_verdict({"copy": probe(0.3, 0.25)}).startswith("Not supported")
     assert probe_verdict({"copy": probe(0.9, 0.85)}).startswith("Inconclusive")
+    # a degenerate control (NaN) is no control to beat
+    verdict = probe_verdict({"copy": probe(0.9, float("nan"))})
+    assert verdict.startswith("Inconclusive") and "random-init n/a" in verdict, verdict
 
     def distance(later, first):
         return pd.DataFrame(
@@ -221,7 +224,7 @@ def test_index_page_renders_offline_and_explorer_responds(report, tmp_path):
 LAYOUT_PROBE = """<script>
 window.addEventListener("load", function () {
   setTimeout(function () {
-    var problems = [], checked = 0;
+    var problems = [], checked = 0, titled = 0;
     function box(el) { return el.getBoundingClientRect(); }
     function overlap(a, b) {
       return a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 &&
@@ -250,6 +253,7 @@ window.addEventListener("load", function () {
         });
       });
       var bar = gd.querySelector(".modebar"), title = gd.querySelector(".g-gtitle text");
+      if (bar && title && box(bar).width && box(title).width) titled++;
       if (bar && title && overlap(box(bar), box(title)))
         problems.push(name + ": title under the mode bar");
       gd.querySelectorAll(".legend .scrollbar").forEach(function (sb) {
@@ -258,7 +262,7 @@ window.addEventListener("load", function () {
     });
     var out = document.createElement("pre");
     out.id = "layout";
-    out.textContent = JSON.stringify({checked: checked, problems: problems});
+    out.textContent = JSON.stringify({checked: checked, titled: titled, problems: problems});
     document.body.appendChild(out);
   }, 800);
 });
@@ -314,3 +318,72 @@ def test_page_layout_keeps_labels_whole(report, tmp_path):
     assert found["checked"] >= 6 and found["problems"] == [], found
     shot = test_report_browser.screenshot(path, tmp_path / "page.png", tmp_path / "profile3")
     assert shot.stat().st_size > 10_000
+
+
+# SCAN's longest output tokens (the explorer labels them "<position>:<token>")
+SCAN_LABELS = ["I_TURN_RIGHT", "I_TURN_LEFT", "I_WALK", "I_LOOK", "I_JUMP", "I_RUN", "[SEP]"]
+
+
+def _layout_page(path: Path) -> Path:
+    """A page with what cut labels on the old layout: an explorer over SCAN-length token
+    labels, the similarity figure with six references (twelve legend entries and two bars),
+    and a pivot whose column axis has a name."""
+    import pandas as pd
+
+    from nopeinterp.results import _encode
+    from nopeinterp.viz.page import Page
+    from nopeinterp.viz.similarity import comparison_figure
+
+    rng = np.random.default_rng(0)
+    tokens = ["<bos>"] + [SCAN_LABELS[i % 7] for i in range(1, 24)]
+    T = len(tokens)
+
+    def pattern():
+        p = np.tril(rng.random((T, T)))
+        return _encode(p / p.sum(1, keepdims=True))
+
+    models = ["nope", "t5"]
+    data = ExplorerData(
+        models=models, layers=[0, 1], n_heads=2, tokens=[tokens], example_names=["scan OOD 0"],
+        patterns={m: [[[pattern()] for _ in range(2)] for _ in range(2)] for m in models},
+        left="nope", reference="t5",
+    )  # fmt: skip
+    rows = [
+        {"ref": ref, "split": split, "layer": layer, "mean": m, "ci_low": m - 0.01,
+         "ci_high": m + 0.01}
+        for ref in ["t5", "alibi", "rotary", "abs_learned", "abs_sinusoidal", "nope_prime"]
+        for split in ("ID", "OOD")
+        for layer, m in [("0", 0.2), ("1", 0.3), ("2", 0.25), ("all", 0.25)]
+    ]  # fmt: skip
+    long = pd.DataFrame(
+        [{"layer": layer, "split": s, "r2": 0.5} for layer in (0, 1) for s in ("ID", "OOD")]
+    )
+    pivot = long.pivot(index="layer", columns="split", values="r2").reset_index()
+    page = Page("layout")
+    page.section("Similarity").add(comparison_figure(pd.DataFrame(rows))).add(pivot)
+    page.section("Explorer").add(data)
+    return page.write(path)
+
+
+def test_layout_probe_sees_long_labels_and_many_legend_entries(tmp_path):
+    """The geometry probe on a page built to stress the layout (long SCAN labels, six
+    references): no cut label, no title over ticks or under the mode bar, no scrolling
+    legend, no blank header cell. On the layout before the fix this finds the problems."""
+    test_report_browser = pytest.importorskip("test_report_browser")
+    path = _layout_page(tmp_path / "page.html")
+    source = path.read_text(encoding="utf-8")
+    tables = _Tables()
+    tables.feed(source)
+    ((header, *body),) = tables.tables
+    assert [text for _, text in header] == ["layer", "ID", "OOD"]
+    assert all(len(row) == len(header) for row in body)
+    if test_report_browser.CHROMIUM is None:
+        pytest.skip("chromium not installed; .ci/run installs it")
+    probed = tmp_path / "layout.html"
+    probed.write_text(source.replace("</body></html>", LAYOUT_PROBE), encoding="utf-8")
+    # as wide as a laptop's browser: the explorer's two panels side by side
+    dom, console = test_report_browser._render(probed, tmp_path / "profile", width=1100)
+    assert console == []
+    found = json.loads(html.unescape(re.search(r'<pre id="layout">(.*?)</pre>', dom, re.S)[1]))
+    # every figure checked, each title measured against its mode bar
+    assert found["checked"] == found["titled"] == 3 and found["problems"] == [], found

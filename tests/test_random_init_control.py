@@ -10,6 +10,7 @@ import transformers as tf
 from nopeinterp.models.fresh import random_init_like
 from nopeinterp.models.hf import from_hf
 from nopeinterp.probing import probe_position
+from nopeinterp.probing.position import NON_FINITE
 from nopeinterp.probing.ridge import RidgePath, RidgeStats, select_alpha
 
 pytestmark = pytest.mark.tl4
@@ -64,3 +65,61 @@ def test_select_alpha_on_a_degenerate_fit_returns_nan_scores():
     alpha, scores = select_alpha(path, RidgeStats(d, k).update(X[:10], Y[:10]), [0.1, 1.0])
     assert alpha == 1.0 and all(math.isnan(s) for s in scores.values())
     assert torch.isnan(path.coef(alpha)[0]).all()
+
+
+def _overflowing_control(monkeypatch):
+    """The random-init control comes out overflowing from block 0 on (an infinite MLP weight):
+    layer 0 (the embeddings) is finite, layers 1 and 2 are not."""
+    from nopeinterp.models import fresh
+
+    real = fresh.random_init_like
+
+    def overflowing(model, seed=None):
+        twin = real(model, seed)
+        with torch.no_grad():
+            twin.blocks[0].mlp.W_in.fill_(float("inf"))
+        return twin
+
+    monkeypatch.setattr(fresh, "random_init_like", overflowing)
+
+
+def test_an_overflowing_control_is_a_degenerate_fit_flagged_in_the_table(ckpt_dir, monkeypatch):
+    _overflowing_control(monkeypatch)
+    result = probe_position(ckpt_dir / "copy-nope.pt", n_train=32, n_eval=16, progress=False)
+    table = result.table
+    control = table[table.model == "random_init"]
+    bad = control[control.layer >= 1]
+    # NaN in every metric, accuracy included (a NaN prediction's argmax would count the
+    # tokens at position 0 as right), and flagged
+    assert len(bad) and bad.value.isna().all() and bad.degenerate.all()
+    good = table[(table.model != "random_init") | (table.layer == 0)]
+    assert good.value.notna().all() and not good.degenerate.any()  # the trained probe stands
+    assert result.meta["degenerate_fits"] == [
+        {"model": "random_init", "layers": [1, 2], "reason": NON_FINITE}
+    ]
+    assert result.pivot(models=["trained", "random_init"])["ID r2 [random_init]"].isna().sum() == 2
+
+
+def test_the_cli_names_a_degenerate_control_in_one_line_and_prints_the_table(
+    ckpt_dir, monkeypatch, capsys
+):
+    from nopeinterp.cli import main
+
+    _overflowing_control(monkeypatch)
+    ckpt = str(ckpt_dir / "copy-nope.pt")
+    args = ["--quiet", "probe-position", ckpt, "--n-train", "32", "--n-eval", "16"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert "copy-nope" in line and "random_init" in line and "layer 1, 2" in line, line
+    assert "degenerate" in line and "NaN" in line
+    assert "ID r2" in captured.out  # the trained model's table is printed
+
+
+def test_a_sound_probe_flags_nothing(ckpt_dir, capsys):
+    from nopeinterp.cli import main
+
+    result = probe_position(ckpt_dir / "copy-nope.pt", n_train=32, n_eval=16, progress=False)
+    assert not result.table.degenerate.any() and result.meta["degenerate_fits"] == []
+    assert main(["--quiet", "probe-position", str(ckpt_dir / "copy-nope.pt")]) == 0
+    assert capsys.readouterr().err == ""

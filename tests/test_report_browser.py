@@ -99,8 +99,10 @@ def _figure_ids(source: str) -> list[str]:
     return ids
 
 
-def _render(path: Path, profile: Path, *, block_network: bool = True) -> tuple[str, list[str]]:
-    """(dumped DOM, console lines) of `path` in headless Chromium."""
+def _render(
+    path: Path, profile: Path, *, block_network: bool = True, width: int | None = None
+) -> tuple[str, list[str]]:
+    """(dumped DOM, console lines) of `path` in headless Chromium (`width`: of the window)."""
     cmd = [
         CHROMIUM,
         "--headless",
@@ -116,6 +118,7 @@ def _render(path: Path, profile: Path, *, block_network: bool = True) -> tuple[s
         "--enable-logging=stderr",
         "--v=0",
         "--virtual-time-budget=10000",
+        *([f"--window-size={width},2000"] if width else []),
         "--dump-dom",
         path.resolve().as_uri(),
     ]

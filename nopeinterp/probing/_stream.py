@@ -40,6 +40,7 @@ def stream(
     max_cache_mb: float,
     progress: bool,
     desc: str,
+    check_finite: bool = True,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, dict]]:
     """Yield (batch index [b], attention mask [b, t], {key: activation}) for every batch.
 
@@ -49,6 +50,9 @@ def stream(
     exceed `max_cache_mb` (estimated as `bytes_per_item(t)` per hook and sequence), the hooks
     are split over several passes of that batch, so memory is bounded by the budget rather
     than by the number of layers. Sequences are batched in order of length (less padding).
+    Non-finite activations at real tokens raise a NopeinterpError naming the first hook,
+    unless `check_finite` is False (a control model: the caller reports its degenerate
+    statistics instead).
     """
     groups = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in hook_names.items()}
     keys = sorted(groups, key=lambda k: max(block_of(n) for n in groups[k]))
@@ -78,7 +82,8 @@ def stream(
                     return_cache_object=False,
                 )
                 for name in sorted(names, key=lambda n: (block_of(n), n)):  # the first one
-                    _check_finite(cache[name], mask, name, desc)
+                    if check_finite:
+                        _check_finite(cache[name], mask, name, desc)
                 yield (
                     idx,
                     mask,

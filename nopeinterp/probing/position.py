@@ -25,6 +25,12 @@ position). Baselines, as extra ``model`` values of the same table:
     the true labels (a control for probe capacity).
 Baselines are reported at every layer (the constant one repeats) so tables and plots align.
 
+Degenerate fits. The trained model's activations must be finite (a NaN or infinity at a real
+token is an error naming the hook). The random-init control is a model nobody trained: where
+its activations overflow, its fit at that layer is degenerate: its values are NaN (never a
+number such as the share of tokens at position 0), the row's ``degenerate`` column is True
+and ``meta["degenerate_fits"]`` says which layers and why; the trained model's rows stand.
+
 Streaming: activations are never kept. Pass 1 accumulates ridge sufficient statistics per
 layer (fit and val); the probes are solved; pass 2 runs over ID/OOD and accumulates the
 metrics from the predictions. Only the needed hooks are cached (names_filter), with at most
@@ -50,7 +56,12 @@ from nopeinterp.results import Result
 
 METRICS = ("r2", "mae", "accuracy")
 MODELS = ("trained", "random_init", "shuffled", "constant")
-TABLE_COLUMNS = ["model", "layer", "layer_pe", "hook", "hook_name", "split", "metric", "value", "n"]
+TABLE_COLUMNS = [
+    "model", "layer", "layer_pe", "hook", "hook_name", "split", "metric", "value", "n", "degenerate"
+]  # fmt: skip
+# why a fit is degenerate (its statistics are not finite): said in the table's `degenerate`
+# column (its values are NaN) and in meta["degenerate_fits"]
+NON_FINITE = "non-finite activations (NaN or infinity): the model overflows"
 
 
 def probe_layers(n_layers: int, hook: str = "resid_post", layers=None) -> dict[int, str]:
@@ -139,6 +150,7 @@ def _fit_and_eval(
     progress,
     label,
     model_name="",
+    check_finite=True,
 ):
     d = model.cfg.d_model
     P = n_classes
@@ -168,6 +180,7 @@ def _fit_and_eval(
             max_cache_mb=max_cache_mb,
             progress=progress,
             desc=f"probe {model_name} {label}: {name}",
+            check_finite=check_finite,
         ):
             real = mask.bool()
             pos = _positions(real)[real]
@@ -178,10 +191,12 @@ def _fit_and_eval(
             for layer, act in acts.items():
                 stats[name][layer].update(act[real], Y)
 
-    weights, alpha_rows, probes = {}, [], {}
+    weights, alpha_rows, probes, degenerate = {}, [], {}, set()
     for layer in layer_hooks:
         path = RidgePath(stats["fit"][layer])
         full = RidgePath(stats["fit"][layer].merged(stats["val"][layer]))
+        if path.degenerate or full.degenerate:  # non-finite fit or val activations
+            degenerate.update((split, layer) for split in ("ID", "OOD"))
         W = torch.zeros(d, k, dtype=torch.float64)
         c = torch.zeros(k, dtype=torch.float64)
         for group, (reg_col, cls_cols) in groups.items():
@@ -214,12 +229,15 @@ def _fit_and_eval(
             max_cache_mb=max_cache_mb,
             progress=progress,
             desc=f"probe {model_name} {label}: {split}",
+            check_finite=check_finite,
         ):
             real = mask.bool()
             pos = _positions(real)[real]
             for layer, act in acts.items():
                 W, c = weights[layer]
                 pred = act[real].double() @ W + c
+                if not bool(torch.isfinite(pred).all()):  # the control overflows on this split
+                    degenerate.add((split, layer))
                 for g, (reg_col, cls_cols) in groups.items():
                     metrics[(g, split, layer)].update(
                         pos, pred[:, reg_col], pred[:, cls_cols].argmax(1)
@@ -234,8 +252,9 @@ def _fit_and_eval(
                     "layer": layer,
                     "split": split,
                     "metric": metric,
-                    "value": value,
+                    "value": float("nan") if (split, layer) in degenerate else value,
                     "n": m.n,
+                    "degenerate": (split, layer) in degenerate,
                 }
             )
     return rows, alpha_rows, probes
@@ -290,6 +309,7 @@ def _constant_rows(sets, layers) -> list[dict]:
                     "metric": metric,
                     "value": value,
                     "n": acc.n,
+                    "degenerate": False,
                 }
                 for layer in layers
             ]
@@ -341,7 +361,13 @@ def run_probe_position(mi: ModelInput, sets: Splits, opts: ProbeOptions) -> Prob
         fresh = random_init_like(model, opts.random_init_seed)
         meta["random_init_seed"] = fresh.cfg.seed
         r_rows, r_alpha, r_probes = _fit_and_eval(
-            fresh, sets, layer_hooks, shuffled_labels=None, label="random_init", **common
+            fresh,
+            sets,
+            layer_hooks,
+            shuffled_labels=None,
+            label="random_init",
+            check_finite=False,  # an untrained control may overflow: reported, not raised
+            **common,
         )
         rows += r_rows
         alpha_rows += r_alpha
@@ -360,6 +386,11 @@ def run_probe_position(mi: ModelInput, sets: Splits, opts: ProbeOptions) -> Prob
     table = table.sort_values(["model", "layer", "split", "metric"])[TABLE_COLUMNS]
     for col in ("model", "split", "metric"):
         table[col] = table[col].astype(str)
+    bad = table[table.degenerate].groupby("model", sort=False).layer.unique()
+    meta["degenerate_fits"] = [
+        {"model": model, "layers": sorted(int(x) for x in layers), "reason": NON_FINITE}
+        for model, layers in bad.items()
+    ]
     return ProbeResult(
         table.reset_index(drop=True), meta, alphas=pd.DataFrame(alpha_rows), probes=probes
     )
