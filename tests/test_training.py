@@ -195,12 +195,11 @@ def test_resume_is_exact_at_two_threads(tmp_path):
 
 
 def test_a_second_run_on_the_same_out_is_refused(tmp_path, capsys):
-    from filelock import FileLock
-
+    from nopeinterp._io import try_lock
     from nopeinterp.training.trainer import RunLockedError
 
     cfg = small_config(tmp_path)
-    with FileLock(cfg.out + ".lock"):  # as a running `train` holds it
+    with try_lock(cfg.out + ".lock"):  # as a running `train` holds it
         with pytest.raises(RunLockedError, match="another training run"):
             train(cfg)
         code = main(["train", "--task", "copy", "--pe", "nope", "--out", cfg.out, "--steps", "2"])

@@ -170,12 +170,12 @@ def test_sweep_interrupted_and_rerun_finishes_each_run_once_and_shards_agree(tmp
 
 
 def test_sweep_leaves_a_run_another_process_is_training(tmp_path):
-    from filelock import FileLock
+    from nopeinterp._io import try_lock
 
     spec = grid(GRID["tasks"][:1], ["nope"], [0])[0]
     folder = tmp_path / run_name(spec)
     folder.mkdir()
-    with FileLock(str(folder / "model.pt.lock")):
+    with try_lock(folder / "model.pt.lock"):
         statuses = run_sweep(**{**GRID, "tasks": GRID["tasks"][:1]}, out=tmp_path, overrides=STEPS)
     assert statuses == {
         run_name(spec): "busy",
@@ -185,7 +185,7 @@ def test_sweep_leaves_a_run_another_process_is_training(tmp_path):
     only = {**GRID, "tasks": GRID["tasks"][:1], "pes": ["alibi"]}
     run_sweep(**only, out=tmp_path / "b", overrides=STEPS, test="none")
     alibi = tmp_path / "b" / run_name(grid(GRID["tasks"][:1], ["alibi"], [0])[0])
-    with FileLock(str(alibi / "model.pt.lock")):
+    with try_lock(alibi / "model.pt.lock"):
         statuses = run_sweep(**only, out=tmp_path / "b", overrides=STEPS, test="eval_set")
     assert set(statuses.values()) == {"busy"}
     statuses = run_sweep(**only, out=tmp_path / "b", overrides=STEPS, test="eval_set")
