@@ -123,3 +123,21 @@ def test_a_sound_probe_flags_nothing(ckpt_dir, capsys):
     assert not result.table.degenerate.any() and result.meta["degenerate_fits"] == []
     assert main(["--quiet", "probe-position", str(ckpt_dir / "copy-nope.pt")]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_trained_model_that_overflows_is_refused_in_one_line(ckpt_dir, tmp_path, capsys):
+    """Finite but huge weights (the loader accepts them): the trained model's activations
+    overflow, so no layer of its own probe could be fitted: one line, exit 2, no table."""
+    from nopeinterp import load_checkpoint, save_checkpoint
+    from nopeinterp.cli import main
+
+    ckpt = load_checkpoint(ckpt_dir / "copy-nope.pt")
+    with torch.no_grad():
+        ckpt.model.blocks[0].mlp.W_in.fill_(1e38)
+    path = tmp_path / "copy-nope.pt"
+    save_checkpoint(ckpt.model, path, **{k: ckpt.meta[k] for k in ("task", "task_options")})
+    assert main(["--quiet", "probe-position", str(path), "--n-train", "32", "--n-eval", "16"]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert "non-finite activations" in line and "blocks.0.hook_resid_post" in line, line
+    assert captured.out == ""
