@@ -13,7 +13,8 @@ from nopeinterp.probing import probe_position
 from nopeinterp.probing.position import NON_FINITE
 from nopeinterp.probing.ridge import RidgePath, RidgeStats, select_alpha
 
-pytestmark = pytest.mark.tl4
+# The tests on imported models run under TL 4 too (make test-tl4); those on our own
+# checkpoints (the ckpt_dir fixture) need what our models are built on.
 
 VOCAB = 40
 
@@ -25,6 +26,7 @@ def gpt2(seed=0):
     return tf.GPT2LMHeadModel(config).eval()
 
 
+@pytest.mark.tl4
 def test_random_init_of_an_imported_model_is_its_config_freshly_initialised():
     hf = gpt2()
     model = from_hf(hf)
@@ -42,6 +44,7 @@ def test_random_init_of_an_imported_model_is_its_config_freshly_initialised():
     assert fresh.W_E.std() > 0.01
 
 
+@pytest.mark.tl4
 def test_probe_position_on_an_imported_model_runs_with_its_control():
     model = from_hf(gpt2())
     toks = torch.randint(0, VOCAB, (40, 24), generator=torch.Generator().manual_seed(0))
@@ -56,6 +59,7 @@ def test_probe_position_on_an_imported_model_runs_with_its_control():
     assert len(control) and control.select_dtypes("number").notna().all().all()
 
 
+@pytest.mark.tl4
 def test_select_alpha_on_a_degenerate_fit_returns_nan_scores():
     d, k = 6, 3
     X, Y = torch.randn(60, d), torch.randn(60, k)
