@@ -84,6 +84,14 @@ def number(text: str) -> float:
     return value
 
 
+def numbers(text: str) -> tuple[float, ...]:
+    """'0,0.5,1' -> (0.0, 0.5, 1.0); '' -> () (an empty list: e.g. no passkey depths)."""
+    try:
+        return tuple(number(x) for x in text.split(",") if x.strip())
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"invalid numbers {text!r} (use e.g. 0,0.5,1)") from None
+
+
 def length_pair(text: str) -> list[int]:
     """'2-20' -> [2, 20]: a task's length range as a task option records it."""
     return list(length_range(text))
@@ -182,6 +190,7 @@ PARSERS = {
     "positive_int": positive_int,
     "integer": integer,
     "number": number,
+    "numbers": numbers,
     "length_pair": length_pair,
     "lengths": lengths,
     "length_range": length_range,

@@ -16,8 +16,6 @@ import nopeinterp
 from nopeinterp import _args
 from nopeinterp.errors import NopeinterpError
 
-parse_lengths = _args.lengths  # argument checks live in nopeinterp._args
-
 
 # --- subcommands ------------------------------------------------------------------------------
 def cmd_info(args) -> int:
@@ -198,33 +196,21 @@ def _say_degenerate(name: str, result) -> None:
 
 def cmd_lm_eval(args) -> int:
     """Loss by position, perplexity and passkey on a checkpoint, a folder of them or --hf."""
-    from nopeinterp.lm_eval import LMEvalResult, check_lengths, lm_eval
+    from nopeinterp.inputs import as_model
+    from nopeinterp.lm_eval import LMEvalResult, check_lengths, run_lm_eval
     from nopeinterp.zoo import checkpoint_files
 
     if (args.checkpoint is None) == (args.hf is None):
         raise NopeinterpError("give a checkpoint, a folder of checkpoints or --hf DIR (one)")
+    options = _options(args)
     paths = [Path(args.hf)] if args.hf else checkpoint_files(args.checkpoint)
-    models = {p.stem: _load(p, bool(args.hf), args.device) for p in paths}
-    for name, model in models.items():  # every model can read every length, before any work
-        if isinstance(model, str | os.PathLike):
-            models[name] = model = nopeinterp.load_checkpoint(model)
-        check_lengths(getattr(model, "model", model), args.lengths, name)
-    results = [
-        lm_eval(
-            model,
-            corpus=args.corpus,
-            lengths=args.lengths,
-            mode=args.mode,
-            stride=args.stride,
-            max_windows=args.windows,
-            depths=args.depths,
-            trials=args.trials,
-            seed=args.seed,
-            name=name,
-        )
-        for name, model in models.items()
-    ]
-    result = LMEvalResult.concat(results)
+    models = {
+        p.stem: as_model(_load(p, bool(args.hf), options.device), p.stem, device=options.device)
+        for p in paths
+    }
+    for name, mi in models.items():  # every model can read every length, before any work
+        check_lengths(mi.model, options.lengths, name)
+    result = LMEvalResult.concat(run_lm_eval(mi, args.corpus, options) for mi in models.values())
     print("perplexity by length:")
     print(_fmt(result.perplexity, index=False))
     if len(result.passkey):
@@ -232,13 +218,6 @@ def cmd_lm_eval(args) -> int:
         print(_fmt(result.passkey.pivot_table("accuracy", ["model", "depth"], "length")))
     _save(result, args.out)
     return 0
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x] if text else []
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid numbers {text!r} (use e.g. 0,0.5,1)") from None
 
 
 def cmd_probe_position(args) -> int:
@@ -298,17 +277,10 @@ def cmd_attention_regions(args) -> int:
     from nopeinterp.probing.regions import RegionResult, attention_regions
     from nopeinterp.zoo import checkpoint_files
 
-    paths = checkpoint_files(args.checkpoint)
+    options = _options(args)
     results = [
-        attention_regions(
-            _load(path),
-            lengths=args.lengths,
-            n=args.n,
-            tokens=args.tokens,
-            layers=args.layers,
-            batch_size=args.batch_size,
-        )
-        for path in paths
+        attention_regions(_load(path, device=options.device), options=options)
+        for path in checkpoint_files(args.checkpoint)
     ]
     result = results[0] if len(results) == 1 else RegionResult.concat(results)
     print(
@@ -495,24 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="stdlib, a folder of text files or a .jsonl file; its test split is read "
         "(default: the checkpoint's corpus, else stdlib)",
     )  # fmt: skip
-    p.add_argument(
-        "--lengths", type=parse_lengths, default=[256, 512, 1024, 2048], help="window lengths"
-    )
-    p.add_argument("--mode", choices=("nonoverlap", "sliding"), default="nonoverlap")
-    p.add_argument(
-        "--stride", type=_args.positive_int, default=None,
-        help="sliding mode: tokens scored per window (default length/4)",
-    )  # fmt: skip
-    p.add_argument(
-        "--windows", type=_args.positive_int, default=64, help="windows per length (the first)"
-    )
-    p.add_argument(
-        "--depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0],
-        help="passkey depths in [0, 1], comma-separated ('' skips passkey)",
-    )  # fmt: skip
-    p.add_argument("--trials", type=_args.positive_int, default=20, help="passkey prompts per cell")
-    p.add_argument("--seed", type=int, default=0, help="of the passkey keys")
-    p.add_argument("--device", default=None, help="e.g. cuda (default: where the model is)")
+    _options_flags(p, O.LMEvalOptions)
     _out(p)
     p.set_defaults(func=cmd_lm_eval)
 
@@ -551,18 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
         "per generated token, layer and head",
     )
     p.add_argument("checkpoint", help="a checkpoint, or a directory: every checkpoint in it")
-    p.add_argument("--lengths", type=parse_lengths, default=None, help="default: ID and OOD ranges")
-    p.add_argument("--n", type=_args.positive_int, default=8, help="examples per length")
-    p.add_argument(
-        "--tokens",
-        choices=("generated", "gold"),
-        default="generated",
-        help="the model's greedy output (default) or the gold targets, teacher-forced",
-    )
-    p.add_argument(
-        "--layers", type=_args.layers, default=None, help="comma-separated, e.g. 0,1 (default all)"
-    )
-    p.add_argument("--batch-size", type=_args.positive_int, default=8)
+    _options_flags(p, O.RegionOptions)
     _out(p)
     p.set_defaults(func=cmd_attention_regions)
 

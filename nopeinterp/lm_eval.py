@@ -34,12 +34,11 @@ import torch
 import torch.nn.functional as F
 
 from nopeinterp.errors import NopeinterpError
+from nopeinterp.options import LM_MODES as MODES
+from nopeinterp.options import LMEvalOptions
 from nopeinterp.progress import progress as progress_bar
 from nopeinterp.results import Result
 
-MODES = ("nonoverlap", "sliding")
-DEFAULT_LENGTHS = (256, 512, 1024, 2048)
-DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PASSKEY_INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
     "it. I will quiz you about the important information there."
@@ -95,16 +94,18 @@ def position_loss(
     mode: str = "nonoverlap",
     stride: int | None = None,
     max_windows: int | None = None,
+    batch_rows: int | None = None,
 ) -> pd.DataFrame:
     """Loss by position on `stream` at one window `length`: rows (position, loss, n) with the
-    mean over the windows that score that position; `max_windows`: the first windows only."""
+    mean over the windows that score that position; `max_windows`: the first windows only;
+    `batch_rows`: windows per forward pass (`token_losses`)."""
     plan = windows(stream.numel(), length, mode, stride)[:max_windows]
     if not plan:
         raise LMEvalError(
             f"the stream has {stream.numel()} tokens, fewer than one window of {length}"
         )
     tokens = torch.stack([stream[s : s + length] for s, _ in plan])
-    losses = token_losses(model, tokens).double()  # [W, L-1]; column p-1 = position p
+    losses = token_losses(model, tokens, batch_rows=batch_rows).double()  # [W, L-1]: p-1 = p
     first = torch.tensor([f for _, f in plan])
     scored = torch.arange(1, length)[None, :] >= first[:, None]
     n = scored.sum(0)
@@ -161,8 +162,18 @@ def passkey_keys(trials: int, seed: int, length: int, depth: float) -> list[int]
     return [rng.randint(10_000, 99_999) for _ in range(trials)]
 
 
-def passkey(model, tokenizer, length: int, depth: float, *, trials: int = 20, seed: int = 0):
-    """(correct, trials, mean prompt tokens) of greedy passkey retrieval at one cell."""
+def passkey(
+    model,
+    tokenizer,
+    length: int,
+    depth: float,
+    *,
+    trials: int = 20,
+    seed: int = 0,
+    batch_rows: int | None = None,
+):
+    """(correct, trials, mean prompt tokens) of greedy passkey retrieval at one cell;
+    `batch_rows` prompts per forward pass (default: TOKENS_PER_BATCH tokens' worth)."""
     from nopeinterp.evaluation import greedy_ids
 
     keys = passkey_keys(trials, seed, length, depth)
@@ -175,7 +186,7 @@ def passkey(model, tokenizer, length: int, depth: float, *, trials: int = 20, se
         tokens[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
     correct = 0
-    rows = max(1, TOKENS_PER_BATCH // width)
+    rows = batch_rows or max(1, TOKENS_PER_BATCH // width)
     for start in range(0, trials, rows):
         out = greedy_ids(
             model,
@@ -243,45 +254,35 @@ def check_lengths(model, lengths, name: str = "model") -> None:
 
 
 def lm_eval(
-    model,
-    *,
-    corpus: str | None = None,
-    lengths=DEFAULT_LENGTHS,
-    mode: str = "nonoverlap",
-    stride: int | None = None,
-    max_windows: int | None = 64,
-    depths=DEFAULT_DEPTHS,
-    trials: int = 20,
-    seed: int = 0,
-    name: str | None = None,
-    progress: bool = True,
+    model, corpus: str | None = None, *, options: LMEvalOptions | None = None, **changes
 ) -> LMEvalResult:
     """Loss by position, perplexity by length and passkey accuracy (module docstring).
 
     `model`: a checkpoint (path or loaded) of the `lm` task, or any HookedTransformer with a
     tokenizer (`nopeinterp.from_hf`). `corpus`: "stdlib", a folder or a .jsonl file (default:
     the checkpoint's own, else "stdlib"); its test split is tokenized with the model's
-    tokenizer. `stride`: sliding mode's (default length // 4). `max_windows`: per length
-    (None: all). `trials`: passkey prompts per (length, depth); `depths=()` skips passkey.
+    tokenizer. Options (`nopeinterp.options.LMEvalOptions`), as `options=` or any of its
+    fields: `lengths`, `mode`, `stride` (sliding mode's; default length // 4), `max_windows`
+    per length (None: all), `trials` passkey prompts per (length, depth), `depths` (`()` skips
+    passkey), `seed` of the passkeys.
     """
     from nopeinterp.inputs import as_model
+
+    opts = LMEvalOptions.make(options, **changes)
+    return run_lm_eval(as_model(model, opts.name, device=opts.device), corpus, opts)
+
+
+def run_lm_eval(mi, corpus: str | None, opts: LMEvalOptions) -> LMEvalResult:
+    """`lm_eval` on a resolved model (`nopeinterp.inputs.ModelInput`)."""
     from nopeinterp.tasks.lm import STDLIB, read_corpus, token_stream
 
-    lengths = sorted(set(int(n) for n in lengths))
-    if not lengths or lengths[0] < 2:
-        raise LMEvalError(f"lengths {lengths}: each must be >= 2")
-    if mode not in MODES:
-        raise LMEvalError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
-    if mode == "sliding" and stride is not None and not 1 <= stride <= lengths[0]:
-        raise LMEvalError(f"stride {stride}: must be in 1..{lengths[0]} (the shortest length)")
-    if mode == "nonoverlap" and stride is not None:
-        raise LMEvalError("stride is for --mode sliding")
-    if trials < 1 or (max_windows is not None and max_windows < 1):
-        raise LMEvalError("trials and max_windows must be >= 1")
-    depths = [float(d) for d in depths]
-    if any(not 0 <= d <= 1 for d in depths):
-        raise LMEvalError(f"depths {depths}: each must be in [0, 1]")
-    mi = as_model(model, name)
+    lengths, mode, stride, max_windows = (
+        list(opts.lengths),
+        opts.mode,
+        opts.stride,
+        opts.max_windows,
+    )
+    depths, trials, seed, rows = list(opts.depths), opts.trials, opts.seed, opts.batch_size
     tokenizer = mi.tokenizer or getattr(mi.model, "tokenizer", None)
     if tokenizer is None:
         raise LMEvalError(f"{mi.name}: has no tokenizer (save one beside a Hugging Face model)")
@@ -305,14 +306,14 @@ def lm_eval(
     loss_rows, ppl_rows, key_rows = [], [], []
     cells = [(n, d) for n in lengths for d in depths]
     bar = progress_bar(
-        total=len(lengths) + len(cells), desc=f"lm-eval {mi.name}", disable=not progress
+        total=len(lengths) + len(cells), desc=f"lm-eval {mi.name}", disable=not opts.progress
     )
     try:
         for n in lengths:
             s = stride if stride is not None else max(1, n // 4)
             by_pos = position_loss(
                 mi.model, stream, n, mode=mode, stride=s if mode == "sliding" else None,
-                max_windows=max_windows,
+                max_windows=max_windows, batch_rows=rows,
             )  # fmt: skip
             by_pos.insert(0, "length", n)
             by_pos.insert(0, "model", mi.name)
@@ -339,7 +340,9 @@ def lm_eval(
             ppl_rows.append(row)
             bar.update(1)
         for n, d in cells:
-            correct, k, mean_len = passkey(mi.model, tokenizer, n, d, trials=trials, seed=seed)
+            correct, k, mean_len = passkey(
+                mi.model, tokenizer, n, d, trials=trials, seed=seed, batch_rows=rows
+            )
             key_rows.append(
                 {
                     "model": mi.name,
@@ -357,7 +360,7 @@ def lm_eval(
         bar.close()
         mi.model.train(was_training)
     meta = {
-        "title": f"Loss by position and passkey: {mi.name}",
+        "title": opts.title or f"Loss by position and passkey: {mi.name}",
         "models": [mi.name],
         "contexts": {mi.name: context},
         "corpus": docs.source,

@@ -7,7 +7,9 @@
 Names mean one thing everywhere:
   - `n_eval`: sequences per analysed split (ID, OOD) drawn from a task;
   - `n_train`: sequences a probe (or an eraser) is fitted on;
-  - `n` / `n_per_length`: examples at every length (exact match; the attention comparison);
+  - `n` / `n_per_length`: examples at every length (exact match, attention regions; the
+    attention comparison);
+  - `lengths`: the lengths analysed one by one (task lengths; lm-eval: window lengths in tokens);
   - `id_lengths` / `ood_lengths`: (lo, hi) ranges that override the task's;
   - `layers`: which layers to analyse (None = all), checked against the model by `layer_list`.
 
@@ -25,6 +27,8 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 HEAD_CHOICES = ("min", "hungarian", "same")  # how compare_attention pairs heads
 HOOKS = ("resid_post", "resid_mid", "attn_out", "mlp_out")  # what a position probe reads
 CONCEPTS = ("index", "onehot")  # what position erasure erases
+TOKEN_SOURCES = ("generated", "gold")  # what attention regions read: greedy output or targets
+LM_MODES = ("nonoverlap", "sliding")  # how lm-eval cuts the token stream into windows
 # torch threads of an analysis command and of the main job: the shipped models are tiny, and on
 # a 2-core machine a second thread only contends (the main job took 40 min at the default thread
 # count beside other jobs, under 2 min with one thread beside the test suite; `probe-position`
@@ -113,17 +117,11 @@ class Options(_Described):
 
 
 @dataclass(frozen=True)
-class RangeOptions(Options):
-    """Options of an analysis of sequences: which layers, which lengths."""
+class LayerOptions(Options):
+    """... of an analysis that reads chosen layers."""
 
     layers: tuple[int, ...] | None = option(
         None, "comma-separated, e.g. 0,1 (default all)", parse="layers"
-    )
-    id_lengths: tuple[int, int] | None = option(
-        None, "default: the task's ID range", parse="length_range"
-    )
-    ood_lengths: tuple[int, int] | None = option(
-        None, "default: the task's OOD range", parse="length_range"
     )
 
     def __post_init__(self):
@@ -132,6 +130,21 @@ class RangeOptions(Options):
             if any(x < 0 for x in layers):
                 raise ValueError(f"layers are >= 0, got {list(layers)}")
             object.__setattr__(self, "layers", layers)
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
+class RangeOptions(LayerOptions):
+    """Options of an analysis of sequences: which layers, which lengths."""
+
+    id_lengths: tuple[int, int] | None = option(
+        None, "default: the task's ID range", parse="length_range"
+    )
+    ood_lengths: tuple[int, int] | None = option(
+        None, "default: the task's OOD range", parse="length_range"
+    )
+
+    def __post_init__(self):
         object.__setattr__(self, "id_lengths", _range("id_lengths", self.id_lengths))
         object.__setattr__(self, "ood_lengths", _range("ood_lengths", self.ood_lengths))
         super().__post_init__()
@@ -158,22 +171,83 @@ class FitOptions(SampleOptions):
 
 
 @dataclass(frozen=True)
-class EvalOptions(Options):
-    """`nopeinterp.evaluation.evaluate`: greedy exact match per length."""
+class LengthOptions(Options):
+    """... that draws `n` examples of a task at each length, as `evaluate` draws them."""
 
     lengths: tuple[int, ...] | None = option(
         None, "default: the task's ID and OOD ranges", parse="lengths"
     )
     n: int | None = option(200, "examples per length", parse="positive_int")
+
+    def __post_init__(self):
+        if self.lengths is not None:
+            object.__setattr__(self, "lengths", tuple(int(x) for x in self.lengths))
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
+class EvalOptions(LengthOptions):
+    """`nopeinterp.evaluation.evaluate`: greedy exact match per length."""
+
     use_cache: bool = option(True, flag=False)
     error_kinds: bool = option(
         False, "count the wrong answers by kind: too short, too long, wrong words"
     )
     name: str | None = option(None, flag=False)  # the model's name in the table
 
+
+@dataclass(frozen=True)
+class RegionOptions(LengthOptions, LayerOptions):
+    """`nopeinterp.probing.attention_regions`: attention mass by region while generating
+    (`layers` are blocks, 0 = the first)."""
+
+    batch_size: int = option(8, "sequences per forward pass", parse="positive_int")
+    n: int = option(8, "examples per length", parse="positive_int")
+    tokens: str = option(
+        "generated", "the model's greedy output, or the gold targets teacher-forced",
+        choices=TOKEN_SOURCES,
+    )  # fmt: skip
+    max_cache_mb: float = option(256, flag=False, at_least=0)
+    name: str | None = option(None, flag=False)  # the model's name in the table
+
+
+@dataclass(frozen=True)
+class LMEvalOptions(Options):
+    """`nopeinterp.lm_eval.lm_eval`: loss by position, perplexity and passkey of a language
+    model (`seed`: of the passkeys)."""
+
+    batch_size: int | None = option(
+        None, "windows per forward pass (default: 8192 tokens' worth)", parse="positive_int"
+    )
+    lengths: tuple[int, ...] = option((256, 512, 1024, 2048), "window lengths", parse="lengths")
+    mode: str = option("nonoverlap", "how windows cut the stream", choices=LM_MODES)
+    stride: int | None = option(
+        None, "sliding mode: tokens scored per window (default length/4)", parse="positive_int"
+    )
+    max_windows: int | None = option(
+        64, "windows per length (the first)", parse="positive_int", aliases=("--windows",)
+    )
+    depths: tuple[float, ...] = option(
+        (0.0, 0.25, 0.5, 0.75, 1.0),
+        "passkey depths in [0, 1], comma-separated ('' skips passkey)", parse="numbers",
+    )  # fmt: skip
+    trials: int = option(20, "passkey prompts per length and depth", parse="positive_int")
+    name: str | None = option(None, flag=False)  # the model's name in the tables
+
     def __post_init__(self):
-        if self.lengths is not None:
-            object.__setattr__(self, "lengths", tuple(int(x) for x in self.lengths))
+        lengths = tuple(sorted({int(n) for n in self.lengths}))
+        if not lengths or lengths[0] < 2:
+            raise ValueError(f"lengths {list(lengths)}: each must be >= 2")
+        depths = tuple(float(d) for d in self.depths)
+        if any(not 0 <= d <= 1 for d in depths):
+            raise ValueError(f"depths {list(depths)}: each must be in [0, 1]")
+        if self.mode == "nonoverlap" and self.stride is not None:
+            raise ValueError("stride is for --mode sliding")
+        if self.stride is not None and not 1 <= self.stride <= lengths[0]:
+            raise ValueError(f"stride {self.stride}: must be in 1..{lengths[0]} (the shortest "
+                             "length)")  # fmt: skip
+        object.__setattr__(self, "lengths", lengths)
+        object.__setattr__(self, "depths", depths)
         super().__post_init__()
 
 
@@ -260,6 +334,8 @@ class ReportOptions(_Described):
 
 ANALYSIS_OPTIONS = {
     "eval": EvalOptions,
+    "lm-eval": LMEvalOptions,
+    "attention-regions": RegionOptions,
     "probe-position": ProbeOptions,
     "probe-distance": DistanceOptions,
     "erase-position": ErasureOptions,
@@ -278,9 +354,13 @@ __all__ = [
     "EvalOptions",
     "FitOptions",
     "HeadOptions",
+    "LMEvalOptions",
+    "LayerOptions",
+    "LengthOptions",
     "Options",
     "ProbeOptions",
     "RangeOptions",
+    "RegionOptions",
     "ReportOptions",
     "SampleOptions",
     "layer_list",

@@ -14,6 +14,8 @@ from nopeinterp.cli import build_parser
 # What a subcommand takes besides its options: what to analyse and where to write.
 INPUTS = {
     "eval": {"checkpoint", "rope_scaling", "out"},
+    "lm-eval": {"checkpoint", "hf", "corpus", "out"},
+    "attention-regions": {"checkpoint", "out"},
     "probe-position": {"checkpoint", "hf", "text", "rope_scaling", "out"},
     "probe-distance": {"checkpoint", "hf", "text", "rope_scaling", "out"},
     "erase-position": {"checkpoint", "hf", "text", "rope_scaling", "out"},
@@ -31,6 +33,8 @@ INPUTS = {
     },  # fmt: skip
     "report": {"checkpoints", "out"},
 }
+# The subcommands that analyse nothing: every other one is an analysis with an options type.
+NOT_ANALYSES = {"info", "train", "sweep", "collect"}
 TRAIN_INPUTS = {"task", "pe", "out", "preset", "overwrite"}  # overwrite: not a config
 SWEEP_INPUTS = {"tasks", "pes", "seeds", "out", "preset", "workers", "shard", "eval_n_record",
                 "test"}  # fmt: skip
@@ -45,10 +49,16 @@ def flags(p) -> dict[str, argparse.Action]:
     return {a.dest: a for a in p._actions if not isinstance(a, argparse._HelpAction)}
 
 
+def test_every_analysis_command_has_an_options_type():
+    """A new subcommand that declares its flags by hand, without an options type, fails here."""
+    assert set(subparsers()) - NOT_ANALYSES == set(O.ANALYSIS_OPTIONS) == set(INPUTS)
+
+
 @pytest.mark.parametrize("command", sorted(O.ANALYSIS_OPTIONS))
 def test_every_flag_is_an_option_field_with_its_default(command):
     cls = O.ANALYSIS_OPTIONS[command]
     parser = subparsers()[command]
+    assert parser.get_default("options") is cls  # the command builds this type from its flags
     found = flags(parser)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     assert set(found) - INPUTS[command] == {f.name for f in cls.flags()}
@@ -76,8 +86,9 @@ def test_a_flag_value_reaches_the_option_field():
 def test_names_mean_one_thing():
     """n_eval, n_train, n_per_length and the lengths are declared once, on the shared bases."""
     declared: dict[str, list[str]] = {}
-    for cls in {O.Options, O.RangeOptions, O.SampleOptions, O.FitOptions, O.AttentionOptions,
-                *O.ANALYSIS_OPTIONS.values()}:  # fmt: skip
+    every = {c for c in vars(O).values() if isinstance(c, type) and issubclass(c, O._Described)}
+    assert set(O.ANALYSIS_OPTIONS.values()) <= every
+    for cls in every:
         own = cls.__dict__.get("__annotations__", {})
         for name in own:
             declared.setdefault(name, []).append(cls.__name__)

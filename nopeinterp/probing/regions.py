@@ -23,12 +23,12 @@ import torch
 
 from nopeinterp.data import Sequences, max_positions, task_examples, task_lengths
 from nopeinterp.evaluation import greedy_answers, model_and_task
+from nopeinterp.inputs import ModelInput
+from nopeinterp.options import RegionOptions, layer_list
 from nopeinterp.probing._stream import attention_batches, row_blocks
 from nopeinterp.results import Result
 from nopeinterp.tasks.scratchpad import PROMPT, REGIONS, START, label_words
 from nopeinterp.tasks.tokenizer import adds_bos
-
-TOKENS = ("generated", "gold")
 
 
 @dataclass(repr=False)
@@ -102,41 +102,32 @@ def _sequences(task, tokenizer, examples, answers, split, limit):
 
 
 def attention_regions(
-    model,
-    data=None,
-    *,
-    lengths=None,
-    n: int = 8,
-    tokens: str = "generated",
-    layers=None,
-    batch_size: int = 8,
-    seed: int = 0,
-    max_cache_mb: float = 256,
-    progress: bool = True,
-    name: str | None = None,
+    model, data=None, *, options: RegionOptions | None = None, **changes
 ) -> RegionResult:
     """Attention mass by region for each generated token, per layer and head (module doc).
 
     `model`: a HookedTransformer, a Checkpoint or a checkpoint path; `data`: the task (None:
-    the checkpoint's own, with its scratchpad format). `lengths`: default the task's ID and
-    OOD ranges; `n` examples per length (drawn as `evaluate` draws them, so none was trained
-    on); `tokens`: "generated" (greedy) or "gold" (the targets, teacher-forced); `layers`:
-    default all. Memory: a batch's attention is read in blocks of query rows.
+    the checkpoint's own, with its scratchpad format). Options
+    (`nopeinterp.options.RegionOptions`), as `options=` or any of its fields: `lengths`
+    (default the task's ID and OOD ranges), `n` examples per length (drawn as `evaluate` draws
+    them, so none was trained on), `tokens` ("generated": greedy, or "gold": the targets,
+    teacher-forced), `layers` (blocks; default all). Memory: a batch's attention is read in
+    blocks of query rows.
     """
-    if tokens not in TOKENS:
-        raise ValueError(f"tokens must be one of {', '.join(TOKENS)}, got {tokens!r}")
-    if n < 1 or batch_size < 1:
-        raise ValueError(f"n and batch_size must be >= 1, got {n} and {batch_size}")
-    mi, task, tokenizer = model_and_task(model, data, name)
+    opts = RegionOptions.make(options, **changes)
+    mi, task, tokenizer = model_and_task(model, data, opts.name, device=opts.device)
+    return run_attention_regions(mi, task, tokenizer, opts)
+
+
+def run_attention_regions(mi: ModelInput, task, tokenizer, opts: RegionOptions) -> RegionResult:
+    """Attention regions of `mi` on `task` (resolved), as `attention_regions` describes."""
+    tokens, n, seed, batch_size = opts.tokens, opts.n, opts.seed, opts.batch_size
     net = mi.model
     if isinstance(net, torch.nn.Module):
         net.eval()
     n_layers, H = net.cfg.n_layers, net.cfg.n_heads
-    layers = list(range(n_layers)) if layers is None else sorted(layers)
-    bad = [x for x in layers if not 0 <= x < n_layers]
-    if bad:
-        raise ValueError(f"layers {bad} outside 0-{n_layers - 1}")
-    lengths = task_lengths(task) if lengths is None else list(lengths)
+    layers = layer_list(opts.layers, 0, n_layers - 1, " (the model's layers)")
+    lengths = task_lengths(task) if opts.lengths is None else list(opts.lengths)
     limit = max_positions(net)
     R = len(REGIONS)
     by_split: dict[str, list] = {}
@@ -166,8 +157,8 @@ def attention_regions(
             layers,
             batch_size=batch_size,
             scores=False,
-            max_cache_mb=max_cache_mb,
-            progress=progress,
+            max_cache_mb=opts.max_cache_mb,
+            progress=opts.progress,
             desc=f"regions {mi.name}: {split}",
         ):
             t = mask.shape[1]
@@ -213,7 +204,7 @@ def attention_regions(
     if not rows:
         raise ValueError("no sequence this model can read")
     meta = {
-        "title": f"Attention mass by region while generating: {mi.name}",
+        "title": opts.title or f"Attention mass by region while generating: {mi.name}",
         "model": mi.name,
         "task": task.name,
         "scratchpad": task.scratchpad or "none",
