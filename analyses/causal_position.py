@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 from _common import parser, print_written, task_filter, write_figure, write_table
 
+from nopeinterp.probing.heads import label_counts
 from nopeinterp.zoo import find_checkpoints, over_seeds
 
 IDENT = ["checkpoint", "task", "pe", "seed"]
@@ -48,15 +49,6 @@ def erasure_summary(table: pd.DataFrame) -> pd.DataFrame:
                         row[f"{split} {metric} d_{cond}"] = v.loc[(cond, split, metric), "delta"]
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def label_counts(taxonomy: pd.DataFrame) -> pd.DataFrame:
-    """Heads per label, per checkpoint and split (ID rows only carry the training lengths)."""
-    from nopeinterp.probing.heads import KINDS
-
-    counts = taxonomy.groupby([*IDENT, "split", "label"], sort=False).size().unstack(fill_value=0)
-    counts = counts.reindex(columns=list(KINDS), fill_value=0)
-    return counts.reset_index()
 
 
 def sinks_by_layer(dilution: pd.DataFrame) -> pd.DataFrame:
@@ -207,7 +199,7 @@ def main(argv=None) -> list[Path]:
     summary = erasure_summary(erasure)
     values = [c for c in summary.columns if c not in (*IDENT, "layer", "rank")]
     by_pe = over_seeds(summary, ["task", "pe", "layer"], values)
-    counts = label_counts(taxonomy)
+    counts = label_counts(taxonomy, IDENT)  # per checkpoint and split
     by_layer = sinks_by_layer(dilution)
 
     pd.set_option("display.width", 250)

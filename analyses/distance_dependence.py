@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 from _common import parser, print_written, task_filter, write_figure, write_table
 
+from nopeinterp.probing.distance import layer_scores
 from nopeinterp.zoo import find_checkpoints, over_seeds
 
 IDENT = ["checkpoint", "task", "pe", "seed"]
@@ -78,8 +79,7 @@ def score_figure(table: pd.DataFrame):
     )
     names = list(dict.fromkeys(table["checkpoint"]))
     legend = Legend(names)
-    agg = table.groupby(IDENT + ["split", "layer"], sort=False)["score"].agg(["mean", "max"])
-    agg = agg.reset_index()
+    agg = layer_scores(table, IDENT)
     for row, task in enumerate(tasks, start=1):
         for col, split in enumerate(splits, start=1):
             t = agg[(agg.task == task) & (agg.split == split)]
@@ -164,11 +164,7 @@ def main(argv=None) -> list[Path]:
     mass = mass[IDENT + [c for c in mass.columns if c not in IDENT]]
     rel_mass = pd.concat(rel_masses, ignore_index=True)
     rel_mass = rel_mass[IDENT + [c for c in rel_mass.columns if c not in IDENT]]
-    wide = table.pivot_table(
-        index=IDENT + ["split", "layer"], columns="head", values="score", sort=False
-    )
-    wide.columns = [f"head {h}" for h in wide.columns]
-    wide = wide.assign(mean=wide.mean(axis=1), max=wide.max(axis=1)).reset_index()
+    wide = layer_scores(table, IDENT)
     heads = head_bands(rel_mass)
     bands = mass_summary(heads)
     keys = ["task", "pe", "split", "layer"]

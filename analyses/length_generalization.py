@@ -120,7 +120,7 @@ def main(argv=None) -> list[Path]:
     p.add_argument("--n", type=int, default=None, help="examples per length (100; --quick 10)")
     args = p.parse_args(argv)
     n = args.n or (10 if args.quick else 100)
-    from nopeinterp.evaluation import EvalResult
+    from nopeinterp.evaluation import EvalResult, accuracy_by_split
 
     infos = find_checkpoints(args.checkpoints, task_filter(args))
     tables = []
@@ -139,13 +139,7 @@ def main(argv=None) -> list[Path]:
     table = pd.concat(tables, ignore_index=True)
     seeds = table[["model", "task", "seed"]].drop_duplicates()
     summary = EvalResult(table).summary.merge(seeds, on="model")
-    wide = (
-        summary.pivot_table(
-            index=["task", "model", "pe", "seed"], columns="split", values="accuracy"
-        )
-        .reindex(columns=["ID", "OOD"])
-        .reset_index()
-    )
+    wide = accuracy_by_split(summary, ["task", "model", "pe", "seed"])
     wide.columns.name = None
     wide["_pe"] = wide["pe"].map(pe_rank)
     wide = wide.sort_values(["task", "seed", "_pe"]).drop(columns="_pe").reset_index(drop=True)

@@ -213,6 +213,14 @@ class EvalResult(Result):
         return cls(pd.concat([r.table for r in results], ignore_index=True), meta)
 
 
+def accuracy_by_split(summary: pd.DataFrame, keys) -> pd.DataFrame:
+    """`EvalResult.summary` (joined with any identity columns `keys` name, e.g. task and seed)
+    as one accuracy column per split, ID then OOD: one row per `keys`, in order of appearance
+    (a row with no accuracy at all is left out, as `pivot_table` does)."""
+    wide = summary.pivot_table(index=list(keys), columns="split", values="accuracy", sort=False)
+    return wide.reindex(columns=["ID", "OOD"]).reset_index()
+
+
 def model_and_task(model, data=None, name: str | None = None, *, device=None):
     """(ModelInput, Task, tokenizer) of a model and its task: `data` (a task name, Task, dict
     or (task, tokenizer) pair) or, when None, the checkpoint's own task with its options."""

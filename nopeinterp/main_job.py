@@ -158,14 +158,14 @@ def probe_verdict(results: dict[str, pd.DataFrame]) -> str:
 
 def distance_summary(results: dict[tuple[str, str], object]) -> pd.DataFrame:
     """Per (task, pe, split, layer): mean and max over heads of the distance-dependence R2."""
-    frames = []
-    for (task, pe), r in results.items():
-        g = r.table.groupby(["split", "layer"], sort=False)["score"]
-        frames.append(
-            pd.DataFrame({"mean_score": g.mean(), "max_score": g.max()})
-            .reset_index()
-            .assign(task=task, pe=pe)
-        )
+    from nopeinterp.probing.distance import layer_scores
+
+    frames = [
+        layer_scores(r.table)
+        .rename(columns={"mean": "mean_score", "max": "max_score"})
+        .assign(task=task, pe=pe)
+        for (task, pe), r in results.items()
+    ]
     cols = ["task", "pe", "split", "layer", "mean_score", "max_score"]
     return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
@@ -379,7 +379,7 @@ class Found:
 
 
 def length_generalization(z: Zoo) -> Found:
-    from nopeinterp.evaluation import EvalResult, evaluate
+    from nopeinterp.evaluation import EvalResult, accuracy_by_split, evaluate
 
     n = z.opts.n
     evaluation = EvalResult.concat(
@@ -387,9 +387,7 @@ def length_generalization(z: Zoo) -> Found:
     )
     names = pd.DataFrame([{"model": e.name, "task": e.task, "seed": e.seed} for e in z.entries])
     summary = evaluation.summary.merge(names, on="model")
-    wide = summary.pivot_table(
-        index=["task", "model"], columns="split", values="accuracy", sort=False
-    ).reset_index()
+    wide = accuracy_by_split(summary, ["task", "model"])
     evaluation.save(z.out / "length_generalization", html=False)
     return Found(
         length_verdict(summary),
@@ -558,16 +556,16 @@ def head_taxonomy(z: Zoo) -> Found:
     """What dominates each head, per seed-0 checkpoint. Position erasure is too slow for the
     main job; its results are in analyses/results/causal_*."""
     from nopeinterp.probing import classify_heads
-    from nopeinterp.probing.heads import KINDS
+    from nopeinterp.probing.heads import KINDS, label_counts
 
     rows = []
     for e in z.entries:
         if e.seed != 0:
             continue
         tax = classify_heads(z.ckpts[e.name], n_eval=z.opts.n_heads, progress=z.opts.progress)
-        t = tax.table[tax.table.split == tax.table.split.iloc[0]]
-        counts = t.label.value_counts()
-        rows.append({"task": e.task, "pe": e.pe, **{k: int(counts.get(k, 0)) for k in KINDS}})
+        first = tax.table.split.iloc[0]  # the ID split
+        counts = label_counts(tax.table).set_index("split").loc[first]
+        rows.append({"task": e.task, "pe": e.pe, **{k: int(counts[k]) for k in KINDS}})
     heads = pd.DataFrame(rows)
     positional = [k for k in KINDS if k != "content"]
     nope = heads[heads.pe == "nope"]

@@ -376,6 +376,15 @@ class DistanceResult(Result):
         return list(dict.fromkeys(self.table.split))
 
 
+def layer_scores(table: pd.DataFrame, keys=()) -> pd.DataFrame:
+    """Per (*keys, split, layer) of a `DistanceResult.table` (or several, told apart by `keys`):
+    each head's score as a column "head h", then `mean` and `max` over the heads."""
+    index = [*keys, "split", "layer"]
+    wide = table.pivot_table(index=index, columns="head", values="score", sort=False)
+    wide.columns = [f"head {h}" for h in wide.columns]
+    return wide.assign(mean=wide.mean(axis=1), max=wide.max(axis=1)).reset_index()
+
+
 def run_distance_dependence(mi: ModelInput, sets: Splits, opts: DistanceOptions) -> DistanceResult:
     """The score and the mass histograms on resolved inputs (`sets` of `mi`)."""
     model = mi.model
@@ -483,5 +492,6 @@ __all__ = [
     "DistanceStats",
     "distance_dependence",
     "distance_r2",
+    "layer_scores",
     "run_distance_dependence",
 ]

@@ -354,6 +354,13 @@ class HeadTaxonomy(Result):
         return t[t.split == split].pivot(index="layer", columns="head", values="label")
 
 
+def label_counts(table: pd.DataFrame, keys=()) -> pd.DataFrame:
+    """Heads per label (a column per kind of `KINDS`) per (*keys, split) of a
+    `HeadTaxonomy.table` (or several, told apart by `keys`)."""
+    counts = table.groupby([*keys, "split", "label"], sort=False).size().unstack(fill_value=0)
+    return counts.reindex(columns=list(KINDS), fill_value=0).reset_index()
+
+
 def run_classify_heads(mi: ModelInput, sets: Splits, opts: HeadOptions) -> HeadTaxonomy:
     """`classify_heads` on resolved inputs (`sets` of `mi`)."""
     stats, layers = _attention_stats(mi, sets, opts, with_scores=True, desc="heads")
@@ -416,6 +423,7 @@ __all__ = [
     "SinkResult",
     "attention_sinks",
     "classify_heads",
+    "label_counts",
     "label_head",
     "run_attention_sinks",
     "run_classify_heads",
