@@ -34,7 +34,9 @@ from pathlib import Path
 import pandas as pd
 from _common import parser, print_written, write_figure, write_table
 
-from nopeinterp.zoo import checkpoint_name, find_checkpoints, over_seeds
+from nopeinterp.checkpoint import load_checkpoint
+from nopeinterp.errors import NopeinterpError
+from nopeinterp.zoo import checkpoint_name, find_checkpoints, nope_pair, over_seeds, references
 
 # Kazemnejad et al. 2023, SCAN, mean over lengths, their "jsd" (= our paper_compat); their
 # APE is sinusoidal.
@@ -126,13 +128,22 @@ def main(argv=None) -> list[Path]:
     n_per_length = args.n_per_length or (2 if args.quick else 10)
     from nopeinterp.similarity import compare_attention
 
-    infos = {i.name: i for i in find_checkpoints(args.checkpoints, [args.task])}
-    nope_name, prime_name = f"{args.task}-nope", f"{args.task}-nope-seed1"
+    entries = find_checkpoints(args.checkpoints, [args.task])
+    infos = {i.name: i for i in entries}
+    nope_name, prime_name = (
+        checkpoint_name(args.task, "nope"),
+        checkpoint_name(args.task, "nope", 1),
+    )
     if nope_name not in infos:
         raise SystemExit(f"no {nope_name}.pt in {args.checkpoints}")
-    nope = infos[nope_name].load()
-    refs = {i.pe: i.load() for i in infos.values() if i.pe != "nope" and i.seed == 0}
-    prime = infos[prime_name].load() if prime_name in infos else None
+    # the models the report compares: NoPE and NoPE-prime (seeds 0 and 1), every other PE's seed 0
+    nope_entry, prime_entry = nope_pair(entries, args.task)
+    nope = nope_entry.load()
+    try:
+        refs = {pe: load_checkpoint(path) for pe, path in references(entries, args.task).items()}
+    except NopeinterpError:  # no other PE: NoPE-prime alone is still informative
+        refs = {}
+    prime = prime_entry.load() if prime_entry else None
     if prime is None:
         print(f"note: no {prime_name}.pt: no NoPE-prime noise floor")
     if not refs and prime is None:

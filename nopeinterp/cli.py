@@ -374,15 +374,54 @@ def _options_flags(p, options_cls, **kw) -> None:
     p.set_defaults(options=options_cls)
 
 
-def _analysis_flags(p, options_cls) -> None:
-    """What the model analyses take: a checkpoint, a directory or --hf, then the options."""
-    p.add_argument(
-        "checkpoint", nargs="?", help="a checkpoint, or a directory: every checkpoint in it"
-    )
+def _model_flags(p, what: str = "a checkpoint") -> None:
+    """The model to analyse: `what`, a directory of them, or --hf."""
+    p.add_argument("checkpoint", nargs="?", help=f"{what}, or a directory: every checkpoint in it")
     p.add_argument("--hf", default=None, help="a Hugging Face save_pretrained directory instead")
+
+
+def _model_inputs(p) -> None:
+    """What the model analyses take: a checkpoint, a directory or --hf; texts; RoPE scaling."""
+    _model_flags(p)
     _text_flag(p)
     _rope_flag(p)
+
+
+def _analysis(sub, name, help, func, options_cls, *inputs, out="CSV + HTML") -> None:
+    """The subcommand of an analysis: what `inputs` add (what it analyses), then one flag per
+    field of its options dataclass, then --out."""
+    p = sub.add_parser(name, help=help)
+    for add in inputs:
+        add(p)
     _options_flags(p, options_cls)
+    _out(p, out)
+    p.set_defaults(func=func)
+
+
+def _corpus_flag(p) -> None:
+    p.add_argument(
+        "--corpus", default=None,
+        help="stdlib, a folder of text files or a .jsonl file; its test split is read "
+        "(default: the checkpoint's corpus, else stdlib)",
+    )  # fmt: skip
+
+
+def _compare_inputs(p) -> None:
+    """compare-attention's models: NoPE (and a second seed) against references."""
+    p.add_argument("--ref", action="append", help="PE name, checkpoint path, or 'all' (repeatable)")
+    p.add_argument(
+        "--ref-hf", action="append", help="a Hugging Face save_pretrained directory (repeatable)"
+    )
+    p.add_argument("--nope-hf", default=None, help="a Hugging Face directory in NoPE's place")
+    _text_flag(p)
+    p.add_argument("--checkpoints", default="checkpoints", help="where PE names are looked up")
+    p.add_argument("--nope", default=None, help="NoPE checkpoint (default: <dir>/<task>-nope.pt)")
+    p.add_argument(
+        "--nope-prime",
+        default=None,
+        help="second NoPE seed (default: <dir>/<task>-nope-seed1.pt if present)",
+    )
+    p.add_argument("--task", default=None, help="default: the NoPE checkpoint's task, else scan")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -446,94 +485,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="CSV path (default: DIRECTORY/records.csv)")
     p.set_defaults(func=cmd_collect)
 
-    p = sub.add_parser("eval", help="exact-match accuracy per length (greedy decoding)")
-    p.add_argument("checkpoint")
-    _options_flags(p, O.EvalOptions)
-    _rope_flag(p)
-    _out(p)
-    p.set_defaults(func=cmd_eval)
-
-    p = sub.add_parser(
-        "lm-eval",
-        help="language models: loss by position past the training context, perplexity by "
-        "length, passkey retrieval",
-    )
-    p.add_argument(
-        "checkpoint", nargs="?", help="an lm checkpoint, or a directory: every checkpoint in it"
-    )
-    p.add_argument("--hf", default=None, help="a Hugging Face save_pretrained directory instead")
-    p.add_argument(
-        "--corpus", default=None,
-        help="stdlib, a folder of text files or a .jsonl file; its test split is read "
-        "(default: the checkpoint's corpus, else stdlib)",
+    _analysis(
+        sub, "eval", "exact-match accuracy per length (greedy decoding)", cmd_eval,
+        O.EvalOptions, lambda p: p.add_argument("checkpoint"), _rope_flag,
     )  # fmt: skip
-    _options_flags(p, O.LMEvalOptions)
-    _out(p)
-    p.set_defaults(func=cmd_lm_eval)
-
-    p = sub.add_parser(
-        "probe-position", help="linear probes for absolute position, per layer (Theorem 1)"
-    )
-    _analysis_flags(p, O.ProbeOptions)
-    _out(p)
-    p.set_defaults(func=cmd_probe_position)
-
-    p = sub.add_parser(
-        "probe-distance", help="how much attention logits depend on n-m only (Theorem 2)"
-    )
-    _analysis_flags(p, O.DistanceOptions)
-    _out(p)
-    p.set_defaults(func=cmd_probe_distance)
-
-    p = sub.add_parser(
-        "erase-position",
-        help="erase position per layer (LEACE) vs a random control: probe R2, exact match, loss",
-    )
-    _analysis_flags(p, O.ErasureOptions)
-    _out(p)
-    p.set_defaults(func=cmd_erase_position)
-
-    p = sub.add_parser(
-        "heads", help="attention sinks, entropy vs log(n) and a positional head taxonomy"
-    )
-    _analysis_flags(p, O.HeadOptions)
-    _out(p)
-    p.set_defaults(func=cmd_heads)
-
-    p = sub.add_parser(
-        "attention-regions",
-        help="attention mass on the prompt, each scratchpad component and the earlier answer, "
-        "per generated token, layer and head",
-    )
-    p.add_argument("checkpoint", help="a checkpoint, or a directory: every checkpoint in it")
-    _options_flags(p, O.RegionOptions)
-    _out(p)
-    p.set_defaults(func=cmd_attention_regions)
-
-    p = sub.add_parser(
-        "compare-attention", help="JSD between NoPE's attention and each reference PE"
-    )
-    p.add_argument(
-        "--ref",
-        action="append",
-        help="PE name, checkpoint path, or 'all' (repeatable)",
-    )
-    p.add_argument(
-        "--ref-hf", action="append", help="a Hugging Face save_pretrained directory (repeatable)"
-    )
-    p.add_argument("--nope-hf", default=None, help="a Hugging Face directory in NoPE's place")
-    _text_flag(p)
-    p.add_argument("--checkpoints", default="checkpoints", help="where PE names are looked up")
-    p.add_argument("--nope", default=None, help="NoPE checkpoint (default: <dir>/<task>-nope.pt)")
-    p.add_argument(
-        "--nope-prime",
-        default=None,
-        help="second NoPE seed (default: <dir>/<task>-nope-seed1.pt if present)",
-    )
-    p.add_argument("--task", default=None, help="default: the NoPE checkpoint's task, else scan")
-    _options_flags(p, O.CompareOptions)
-    _out(p, "CSV + HTML report")
-    p.set_defaults(func=cmd_compare_attention)
+    _analysis(
+        sub, "lm-eval", "language models: loss by position past the training context, "
+        "perplexity by length, passkey retrieval", cmd_lm_eval, O.LMEvalOptions,
+        lambda p: _model_flags(p, "an lm checkpoint"), _corpus_flag,
+    )  # fmt: skip
+    _analysis(sub, "probe-position", "linear probes for absolute position, per layer "
+              "(Theorem 1)", cmd_probe_position, O.ProbeOptions, _model_inputs)  # fmt: skip
+    _analysis(sub, "probe-distance", "how much attention logits depend on n-m only "
+              "(Theorem 2)", cmd_probe_distance, O.DistanceOptions, _model_inputs)  # fmt: skip
+    _analysis(sub, "erase-position", "erase position per layer (LEACE) vs a random control: "
+              "probe R2, exact match, loss", cmd_erase_position, O.ErasureOptions,
+              _model_inputs)  # fmt: skip
+    _analysis(sub, "heads", "attention sinks, entropy vs log(n) and a positional head taxonomy",
+              cmd_heads, O.HeadOptions, _model_inputs)  # fmt: skip
+    _analysis(
+        sub, "attention-regions", "attention mass on the prompt, each scratchpad component "
+        "and the earlier answer, per generated token, layer and head", cmd_attention_regions,
+        O.RegionOptions, lambda p: p.add_argument(
+            "checkpoint", help="a checkpoint, or a directory: every checkpoint in it"),
+    )  # fmt: skip
+    _analysis(
+        sub, "compare-attention", "JSD between NoPE's attention and each reference PE",
+        cmd_compare_attention, O.CompareOptions, _compare_inputs, out="CSV + HTML report",
+    )  # fmt: skip
 
     p = sub.add_parser("report", help="the main job: every analysis on a checkpoint directory")
     p.add_argument("--checkpoints", default="checkpoints")

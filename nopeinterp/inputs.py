@@ -87,8 +87,14 @@ def resolve(
     """The entry's one step: (ModelInput, Splits) from "a model, a checkpoint or a path" and
     "any data" (`make_sequences`, with the lengths, counts and seed `options` carry)."""
     mi = as_model(model, name, device=getattr(options, "device", None))
+    return mi, sequences(data, mi, options, purpose=purpose, **data_args)
+
+
+def sequences(data, mi: ModelInput, options, *, purpose: str = "analysis", **data_args) -> Splits:
+    """`make_sequences` of "any data" for `mi`, with the lengths, counts and seed `options`
+    carry (those it has)."""
     given = {k: getattr(options, k) for k in _DATA_OPTIONS if hasattr(options, k)}
-    return mi, make_sequences(data, mi, purpose=purpose, **given, **data_args)
+    return make_sequences(data, mi, purpose=purpose, **given, **data_args)
 
 
 def analysis_front(core, options_cls, *, name: str, doc: str, purpose: str = "analysis"):
@@ -143,4 +149,4 @@ def describe(model_input: ModelInput, what: str) -> str:
     return " | ".join(p for p in parts if p)
 
 
-__all__ = ["ModelInput", "analysis_front", "as_model", "describe", "resolve"]
+__all__ = ["ModelInput", "analysis_front", "as_model", "describe", "resolve", "sequences"]

@@ -168,20 +168,23 @@ def _fit_and_eval(
     def bytes_per_item(t):
         return t * d * 4
 
-    stats = {name: {layer: RidgeStats(d, k) for layer in layer_hooks} for name in ("fit", "val")}
-    for name in ("fit", "val"):
-        s = sets[name]
-        for idx, mask, acts in stream(
+    def batches(split: str):
+        """(index, mask, {layer: activations}) of `sets[split]`, a batch at a time."""
+        return stream(
             model,
-            s,
+            sets[split],
             layer_hooks,
             batch_size=batch_size,
             bytes_per_item=bytes_per_item,
             max_cache_mb=max_cache_mb,
             progress=progress,
-            desc=f"probe {model_name} {label}: {name}",
+            desc=f"probe {model_name} {label}: {split}",
             check_finite=check_finite,
-        ):
+        )
+
+    stats = {name: {layer: RidgeStats(d, k) for layer in layer_hooks} for name in ("fit", "val")}
+    for name in ("fit", "val"):
+        for idx, mask, acts in batches(name):
             real = mask.bool()
             pos = _positions(real)[real]
             shuf = None
@@ -220,17 +223,7 @@ def _fit_and_eval(
     for split in ("ID", "OOD"):
         if split not in sets:
             continue
-        for _, mask, acts in stream(
-            model,
-            sets[split],
-            layer_hooks,
-            batch_size=batch_size,
-            bytes_per_item=bytes_per_item,
-            max_cache_mb=max_cache_mb,
-            progress=progress,
-            desc=f"probe {model_name} {label}: {split}",
-            check_finite=check_finite,
-        ):
+        for _, mask, acts in batches(split):
             real = mask.bool()
             pos = _positions(real)[real]
             for layer, act in acts.items():

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from nopeinterp.data import Splits, as_splits, make_sequences, max_positions
-from nopeinterp.inputs import ModelInput, as_model
+from nopeinterp.inputs import ModelInput, as_model, sequences
 from nopeinterp.options import CompareOptions, DistanceOptions
 from nopeinterp.results import Result
 from nopeinterp.similarity.divergence import (
@@ -202,15 +202,7 @@ def compare_attention(
     for name, other in loaded.items():
         _check_same_setup(base, other, name)
 
-    sets = make_sequences(
-        data,
-        base,
-        n_per_length=opts.n_per_length,
-        id_lengths=opts.id_lengths,
-        ood_lengths=opts.ood_lengths,
-        seed=opts.seed,
-    )
-    return run_compare_attention(base, loaded, sets, opts)
+    return run_compare_attention(base, loaded, sequences(data, base, opts), opts)
 
 
 def run_compare_attention(
