@@ -8,8 +8,8 @@ is the median of repeats. Tokens/s counts generated tokens (decode steps x batch
 max_new_tokens = longest target + 1, so a random model that never says <eos> decodes the
 full budget).
 
-There is no target in the issue for this figure; the row's target (cache >= no cache) is a
-sanity check that the cache pays for itself at these lengths.
+This figure has no target of its own; the row's target (cache >= no cache) is a sanity
+check that the cache pays for itself at these lengths.
 
     python -m bench.decode [--quick] [--threads N] [--pe nope rotary ...]
 """

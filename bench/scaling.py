@@ -11,8 +11,8 @@ through the lengths in increasing order (memory grows with length, so each new p
 that length's), so neither kind's allocations pollute the other's.
 The growth exponent k of y ~ T^k is the least-squares slope of log y on log T (memory: over
 the lengths >= 128, where the T^2 pattern term dominates allocator noise). Patterns are T^2
-per head, so k ~ 2 is expected for both; the rows' target (<= 2.2) is a sanity check, not
-from the issue.
+per head, so k ~ 2 is expected for both; the rows' target (<= 2.2) is a sanity check of
+that expectation.
 
     python -m bench.scaling [--quick] [--threads N]
     python -m bench.scaling --outside [--lengths 512,1024,2048]
@@ -248,7 +248,8 @@ def outside_rss(lengths=(512, 1024, 2048)) -> list[dict]:
 
 def outside_summary(records: list[dict]) -> list[dict]:
     """Per kind and pair of consecutive lengths: how much the peak RSS grew against how much
-    one layer's attention for one example grew (the issue's target: ratio <= 1)."""
+    one layer's attention for one example grew (the target: ratio <= 1, memory grows no faster
+    than one layer's attention)."""
     out = []
     for kind in dict.fromkeys(r["kind"] for r in records):
         rs = sorted((r for r in records if r["kind"] == kind), key=lambda r: r["length"])
