@@ -98,9 +98,8 @@ def _add_train_flags(p, *, grid: bool = False) -> None:
 
 def cmd_eval(args) -> int:
     from nopeinterp.evaluation import evaluate
-    from nopeinterp.options import EvalOptions
 
-    options = EvalOptions(**_args.option_values(args, EvalOptions))
+    options = _options(args)
     model = _load(args.checkpoint, device=options.device, rope_scaling=args.rope_scaling)
     result = evaluate(model, options=options)
     print(_fmt(result.table, index=False))
