@@ -116,7 +116,17 @@ def run_cli(args: list[str], in_process: bool = False) -> tuple[float, float]:
     return wall, rss / 1024
 
 
-def run(quick: bool = False, n_train: int = 8, n_eval: int = 4, pe: str = "rotary", root=None):
+COMMANDS = ("probe-position", "probe-distance")
+
+
+def run(
+    quick: bool = False,
+    n_train: int = 8,
+    n_eval: int = 4,
+    pe: str = "rotary",
+    root=None,
+    commands=COMMANDS,
+):
     shape = QUICK if quick else FULL
     T = shape["ctx"]
     lengths = ["--id-lengths", f"{T - 1}-{T - 1}", "--ood-lengths", f"{T}-{T}"]
@@ -131,6 +141,8 @@ def run(quick: bool = False, n_train: int = 8, n_eval: int = 4, pe: str = "rotar
         distance = ["probe-distance", "--hf", str(directory), *lengths, "--n-eval", "4"]
         rows = []
         for name, args in (("probe-position", position), ("probe-distance", distance)):
+            if name not in commands:
+                continue
             wall, rss = run_cli(args, in_process=quick)
             print(f"[paper_1b] {name}: {wall:.0f} s, peak RSS {rss:.0f} MiB", flush=True)
             note = f"T={T}, {pe}, bf16 weights {size / 2**20:.0f} MiB"
@@ -148,9 +160,13 @@ def main():
     p.add_argument("--n-eval", type=int, default=4)
     p.add_argument("--pe", default="rotary", help="position_encoding_type: none, rotary, alibi")
     p.add_argument("--dir", default=None, help="where to write the temporary weights")
+    p.add_argument("--commands", nargs="+", choices=COMMANDS, default=list(COMMANDS))
     args = p.parse_args()
     print(machine_line())
-    print_rows("paper 1B shape", run(args.quick, args.n_train, args.n_eval, args.pe, args.dir))
+    print_rows(
+        "paper 1B shape",
+        run(args.quick, args.n_train, args.n_eval, args.pe, args.dir, args.commands),
+    )
 
 
 if __name__ == "__main__":
