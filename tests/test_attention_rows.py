@@ -82,10 +82,12 @@ def test_rows_of_a_stock_transformerlens_model_are_slices_of_its_cache():
     scores, pattern = rows.rows(1, 3, 7)
     torch.testing.assert_close(pattern, ref[1][1][:, :, 3:7, :7])
     torch.testing.assert_close(scores, ref[1][0][:, :, 3:7, :7])
-    # what a layer's cache costs: q and k for ours, the T x T tensors for stock models
-    ours = build_model("nope", **ARCH)
-    assert AttentionRows.layer_bytes(ours, 2, 100) == 2 * 2 * 100 * 3 * 8 * 4
-    assert AttentionRows.layer_bytes(model, 2, 100, scores=True) == 2 * 2 * 2 * 100 * 100 * 4
+    # layer by layer from one pass: the same rows, each object holding its own layer only
+    for layer, one in AttentionRows.each_layer(model, tokens, mask, [0, 1], scores=True):
+        assert list(one.cache) == [layer]
+        scores, pattern = one.rows(layer, 3, 7)
+        torch.testing.assert_close(pattern, ref[layer][1][:, :, 3:7, :7])
+        torch.testing.assert_close(scores, ref[layer][0][:, :, 3:7, :7])
 
 
 def test_a_hook_on_the_pattern_still_sees_the_full_pattern_after_the_refactor():

@@ -6,6 +6,7 @@ under TransformerLens 4, where `from_hf` gives a TransformerBridge."""
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -200,23 +201,40 @@ def test_distance_stats_by_row_blocks_equal_the_whole(monkeypatch):
 
 
 @pytest.mark.tl4
-def test_attention_divergence_layer_by_layer_equals_all_at_once(monkeypatch):
+def test_attention_divergence_reads_one_layer_at_a_time_and_equals_all_at_once(monkeypatch):
     import nopeinterp.similarity.divergence as div
 
     a, b = from_hf(smollm3(0)), from_hf(smollm3(1))
     toks = random_sequences(a, [((6, 12), 5)], seed=2)
-    whole = div.attention_divergence(a, b, toks, progress=False)
-    monkeypatch.setattr(div, "PATTERN_CACHE_MB", 1e-9)  # one layer per pass
-    calls = []
+    layered = div.attention_divergence(a, b, toks, progress=False)
+    # the same figures from every layer's patterns cached at once, by hand
+    expected = []
+    for batch in toks.batches(32):
+        mask = batch.attention_mask
+        rows_a = div.AttentionRows(a, batch.tokens, mask, range(4))
+        rows_b = div.AttentionRows(b, batch.tokens, mask, range(4))
+        valid = mask.bool().clone()
+        valid[:, 0] = False
+        T = batch.tokens.shape[1]
+        per_layer = []
+        for layer in range(4):
+            mat = div.head_pair_divergence(
+                rows_a.rows(layer, 0, T)[1], rows_b.rows(layer, 0, T)[1], valid
+            )
+            per_layer.append(div.reduce_heads(mat.numpy(), "min")[0])
+        expected.append(np.stack(per_layer, 1))  # [examples of the batch, layers]
+    got = layered.pivot(index="example", columns="layer", values="value").to_numpy()
+    np.testing.assert_allclose(got, np.concatenate(expected), rtol=1e-5, atol=1e-7)
+    passes = []
 
     class Counting(div.AttentionRows):
-        def __init__(self, *args, **kwargs):
-            calls.append(args[3])
-            super().__init__(*args, **kwargs)
+        @classmethod
+        def each_layer(cls, model, *args, **kwargs):
+            passes.append(model)
+            yield from super().each_layer(model, *args, **kwargs)
 
     monkeypatch.setattr(div, "AttentionRows", Counting)
-    layered = div.attention_divergence(a, b, toks, progress=False)
-    assert calls and all(len(ls) == 1 for ls in calls)
-    assert len(calls) == 2 * 4 * len(list(toks.batches(32)))  # 2 models x 4 layers x batches
-    assert (whole["value"] > 0).all()
-    pd.testing.assert_frame_equal(whole, layered)
+    again = div.attention_divergence(a, b, toks, progress=False)
+    assert len(passes) == 2 * len(list(toks.batches(32)))  # each model once per batch
+    assert (again["value"] > 0).all()
+    pd.testing.assert_frame_equal(layered, again)

@@ -273,20 +273,20 @@ def test_results_do_not_depend_on_batch_size(model, other):
     assert it["example"].unique().tolist() == list(range(5))
 
 
-def test_only_the_layers_q_and_k_are_cached(model, other, tokens, monkeypatch):
-    """Our layers give their pattern by blocks of rows from q and k: nothing T x T is cached."""
+def test_only_the_layers_q_and_k_are_read(model, other, tokens, monkeypatch):
+    """Our layers give their pattern by blocks of rows from q and k: nothing T x T is read."""
     calls = []
-    original = type(model).run_with_cache
+    original = type(model).run_with_hooks
 
     def spy(self, *args, **kwargs):
         calls.append(kwargs)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(type(model), "run_with_cache", spy)
+    monkeypatch.setattr(type(model), "run_with_hooks", spy)
     attention_divergence(model, other, tokens, layers=[0], progress=False)
     assert len(calls) == 2  # one pass per model per batch
     for kwargs in calls:
-        admitted = [n for n in model.hook_dict if kwargs["names_filter"](n)]
+        admitted = [name for name, _ in kwargs["fwd_hooks"]]
         assert sorted(admitted) == sorted(f"blocks.0.attn.{h}" for h in ("hook_q", "hook_k"))
         assert kwargs["stop_at_layer"] == 1
 

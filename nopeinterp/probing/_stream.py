@@ -1,7 +1,10 @@
-"""Streaming activations of a few hook points, batch by batch (only what is needed is cached)."""
+"""Streaming activations of a few hook points, batch by batch and layer by layer: one forward
+pass per batch hands each hook over as it is reached, and nothing is cached."""
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -17,17 +20,96 @@ def batches_by_length(s: Sequences, batch_size: int) -> list[torch.Tensor]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def plan_batches(s: Sequences, batch_size: int, items: list, item_bytes, *, max_cache_mb: float):
-    """[(batch index, width t, [chunk of items])]: the batches of `batches_by_length` and, per
-    batch, `items` in chunks whose caches fit `max_cache_mb` (at least one item per chunk),
-    an item costing `item_bytes(n_sequences, t)`."""
-    lens = s.attention_mask.sum(1)
-    plan = []
-    for idx in batches_by_length(s, batch_size):
-        t = int(lens[idx].max())
-        k = max(1, int(max_cache_mb * 2**20 // max(item_bytes(len(idx), t), 1)))
-        plan.append((idx, t, [items[i : i + k] for i in range(0, len(items), k)]))
-    return plan
+class _Aborted(Exception):
+    """Raised in a paused forward pass whose consumer went away: it unwinds the pass."""
+
+
+def hook_stream(
+    model, tokens: torch.Tensor, attention_mask, names, *, stop_at_layer: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (hook name, activation) for each hook of `names`, in the order ONE forward pass
+    reaches them, with nothing cached: the pass runs in a worker thread that waits at each of
+    those hooks until the consumer asks for the next activation, so only the activation in
+    hand (and what the pass itself holds) exists at a time, whatever the number of layers.
+
+    The model runs `run_with_hooks(tokens, attention_mask=, stop_at_layer=)` in inference mode
+    (every model of the protocol has it). An exception of the pass is raised here; leaving the
+    loop early unwinds the pass. The consumer must drop its references to an activation before
+    asking for the next one (or two layers' worth are held).
+    """
+    names = frozenset(names)
+    handoff: queue.SimpleQueue = queue.SimpleQueue()
+    resume = threading.Semaphore(0)
+    aborted = threading.Event()
+
+    def hook(activation, hook):
+        if aborted.is_set():
+            raise _Aborted
+        handoff.put(("activation", hook.name, activation))
+        del activation
+        resume.acquire()
+        if aborted.is_set():
+            raise _Aborted
+
+    def work():
+        try:
+            with torch.inference_mode():
+                model.run_with_hooks(
+                    tokens,
+                    attention_mask=attention_mask,
+                    fwd_hooks=[(name, hook) for name in sorted(names)],
+                    stop_at_layer=stop_at_layer,
+                )
+            handoff.put(("done",))
+        except _Aborted:
+            handoff.put(("done",))
+        except BaseException as err:  # raised in the consumer's thread
+            handoff.put(("error", err))
+
+    worker = threading.Thread(target=work, name="nopeinterp-hook-stream", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = handoff.get()
+            if item[0] == "done":
+                return
+            if item[0] == "error":
+                raise item[1]
+            name, activation = item[1], item[2]
+            del item
+            yield name, activation
+            del activation
+            resume.release()
+    finally:
+        if worker.is_alive():
+            aborted.set()
+            resume.release()
+        worker.join()
+
+
+def grouped_stream(stream: Iterator, groups: Mapping) -> Iterator[tuple[object, tuple]]:
+    """Yield (key, activations) of `groups` (key -> tuple of hook names) from a `hook_stream`
+    as soon as every hook of a group has come; a group's earlier activations wait for its
+    last one (e.g. a layer's attention scores for its pattern)."""
+    owners: dict[str, list] = {}
+    for key, names in groups.items():
+        for name in names:
+            owners.setdefault(name, []).append(key)
+    held: dict = {}
+    done = set()
+    for name, activation in stream:
+        for key in owners.get(name, ()):
+            held.setdefault(key, {})[name] = activation
+        del activation
+        for key in owners.get(name, ()):
+            if len(held[key]) == len(groups[key]):
+                got = held.pop(key)
+                done.add(key)
+                yield key, tuple(got[n] for n in groups[key])
+                del got
+    missing = [k for k in groups if k not in done]
+    if missing:
+        raise KeyError(f"the forward pass reached no hook {groups[missing[0]]}")
 
 
 def stream(
@@ -36,66 +118,50 @@ def stream(
     hook_names: Mapping,
     *,
     batch_size: int,
-    bytes_per_item: int,
-    max_cache_mb: float,
     progress: bool,
     desc: str,
     check_finite: bool = True,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, dict]]:
-    """Yield (batch index [b], attention mask [b, t], {key: activation}) for every batch.
+    """Yield (batch index [b], attention mask [b, t], {key: activation}) for every batch and
+    key, one key at a time.
 
-    `hook_names`: key -> TL hook name, or a tuple of names that are cached together (the
-    yielded value is then the tuple of activations). Only those are cached (names_filter), the forward pass
-    stops after the last block needed, and when caching all hooks of a batch at once would
-    exceed `max_cache_mb` (estimated as `bytes_per_item(t)` per hook and sequence), the hooks
-    are split over several passes of that batch, so memory is bounded by the budget rather
-    than by the number of layers. Sequences are batched in order of length (less padding).
-    Non-finite activations at real tokens raise a NopeinterpError naming the first hook,
-    unless `check_finite` is False (a control model: the caller reports its degenerate
-    statistics instead).
+    `hook_names`: key -> TL hook name, or a tuple of names that come together (the yielded
+    value is then the tuple of activations). One forward pass per batch, stopping after the
+    last block needed, hands the hooks over layer by layer (`hook_stream`): nothing is
+    cached, so memory holds one layer's activations, not all layers'. The caller drops each
+    activation before taking the next. Sequences are batched in order of length (less
+    padding). Non-finite activations at real tokens raise a NopeinterpError naming the first
+    hook (in forward order), unless `check_finite` is False (a control model: the caller
+    reports its degenerate statistics instead).
     """
     groups = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in hook_names.items()}
-    keys = sorted(groups, key=lambda k: max(block_of(n) for n in groups[k]))
-    plan = plan_batches(
-        s, batch_size, keys, lambda n, t: bytes_per_item(t) * n, max_cache_mb=max_cache_mb
-    )
-    total = sum(len(chunks) for _, _, chunks in plan)
-    with (
-        torch.inference_mode(),
-        progress_bar(total=total, desc=desc, disable=not progress, leave=False) as bar,
-    ):
+    stop = max(block_of(n) for names in groups.values() for n in names) + 1
+    batches = batches_by_length(s, batch_size)
+    lens = s.attention_mask.sum(1)
+    with progress_bar(total=len(batches), desc=desc, disable=not progress, leave=False) as bar:
         device = model.cfg.device
-        for idx, t, chunks in plan:
+        for idx in batches:
+            t = int(lens[idx].max())
             tokens = s.tokens[idx, :t]
             mask = s.attention_mask[idx, :t]
             # the model runs on its own device; what is yielded is on the CPU, where the
             # probes' and scores' float64 statistics are accumulated
-            on_device = (tokens.to(device), mask.to(device))
-            for chunk in chunks:
-                names = {n for k in chunk for n in groups[k]}
-                stop = max(block_of(n) for n in names) + 1
-                _, cache = model.run_with_cache(
-                    on_device[0],
-                    attention_mask=on_device[1],
-                    names_filter=lambda name, names=names: name in names,
-                    stop_at_layer=stop,
-                    return_cache_object=False,
-                )
-                for name in sorted(names, key=lambda n: (block_of(n), n)):  # the first one
-                    if check_finite:
-                        _check_finite(cache[name], mask, name, desc)
-                yield (
-                    idx,
-                    mask,
-                    {
-                        k: cache[hook_names[k]].cpu()
-                        if isinstance(hook_names[k], str)
-                        else tuple(cache[n].cpu() for n in groups[k])
-                        for k in chunk
-                    },
-                )
-                del cache
-                bar.update(1)
+            passing = hook_stream(
+                model, tokens.to(device), mask.to(device), _names(groups), stop_at_layer=stop
+            )
+            for key, activations in grouped_stream(passing, groups):
+                if check_finite:
+                    for name, i in zip(groups[key], range(len(activations)), strict=True):
+                        _check_finite(activations[i], mask, name, desc)
+                value = tuple(a.cpu() for a in activations)
+                del activations
+                yield idx, mask, {key: value[0] if isinstance(hook_names[key], str) else value}
+                del value
+            bar.update(1)
+
+
+def _names(groups: Mapping) -> set[str]:
+    return {n for names in groups.values() for n in names}
 
 
 def _check_finite(activation: torch.Tensor, mask: torch.Tensor, name: str, desc: str) -> None:
@@ -133,40 +199,71 @@ class AttentionRows:
     query rows start..stop-1 over keys 0..stop-1 (the later keys are causally masked).
 
     Where every requested layer can compute a block of rows from its own q and k
-    (`attention_rows`, as our attention layers do), one teacher-forced pass caches only q and k
+    (`attention_rows`, as our attention layers do), the pass keeps only q and k
     ([batch, pos, head, d_head] per layer) and each block is computed when asked for, so the
     full [batch, head, pos, pos] tensors never exist: memory grows with the sequence length
-    as one block does. Otherwise (stock TransformerLens models: hook names only) the pass
-    caches ``hook_pattern`` (and ``hook_attn_scores`` with `scores=True`) of the layers and
-    blocks are slices of them.
+    as one block does. Otherwise (stock TransformerLens models: hook names only) it keeps
+    ``hook_pattern`` (and ``hook_attn_scores`` with `scores=True`) of the layers and blocks
+    are slices of them.
+
+    `AttentionRows(model, tokens, mask, layers)` caches every layer of `layers` in one pass;
+    `AttentionRows.each_layer(...)` hands the layers over one at a time from one pass
+    (`hook_stream`), which is what the analyses use: one layer's attention at a time.
     """
 
-    def __init__(self, model, tokens, attention_mask, layers, *, scores: bool = False):
+    def __init__(self, model, tokens, attention_mask, layers, *, scores: bool = False, kept=None):
         self.model, self.scores, self.layers = model, scores, list(layers)
         self.mask = attention_mask
-        attns = {layer: self._attn(model, layer) for layer in self.layers}
-        self.by_rows = all(a is not None for a in attns.values())
-        if self.by_rows:
-            self.attns = attns
+        self.attns, names = self._plan(model, self.layers, scores)
+        self.by_rows = self.attns is not None
+        if kept is None:  # one pass caching every layer's tensors
+            wanted = frozenset(n for v in names.values() for n in v)
+            device = model.cfg.device
+            with torch.inference_mode():
+                _, cache = model.run_with_cache(
+                    tokens.to(device),
+                    attention_mask=None if attention_mask is None else attention_mask.to(device),
+                    names_filter=lambda name: name in wanted,
+                    stop_at_layer=max(self.layers) + 1,
+                    return_cache_object=False,
+                )
+            kept = {layer: tuple(cache.pop(n) for n in names[layer]) for layer in self.layers}
+            del cache
+        self.cache = kept
+
+    @classmethod
+    def each_layer(cls, model, tokens, attention_mask, layers, *, scores: bool = False):
+        """Yield (layer, AttentionRows of that layer alone) for `layers` in order, from ONE
+        forward pass that waits while a layer is read (`hook_stream`). Drop each before taking
+        the next: then one layer's tensors exist at a time."""
+        layers = sorted(layers)
+        attns, names = cls._plan(model, layers, scores)
+        device = model.cfg.device
+        passing = hook_stream(
+            model,
+            tokens.to(device),
+            None if attention_mask is None else attention_mask.to(device),
+            _names(names),
+            stop_at_layer=max(layers) + 1,
+        )
+        for layer, tensors in grouped_stream(passing, names):
+            rows = cls(model, None, attention_mask, [layer], scores=scores, kept={layer: tensors})
+            del tensors
+            yield layer, rows
+            del rows
+
+    @classmethod
+    def _plan(cls, model, layers, scores: bool):
+        """(our attention layers by layer, or None for stock ones; hook names by layer)."""
+        attns = {layer: cls._attn(model, layer) for layer in layers}
+        if all(a is not None for a in attns.values()):
             names = {
                 layer: tuple(act_name(h, layer) for h in a.qk_hook_names)
                 for layer, a in attns.items()
             }
-        else:
-            kinds = ("hook_attn_scores", "hook_pattern") if scores else ("hook_pattern",)
-            names = {layer: tuple(act_name(h, layer) for h in kinds) for layer in layers}
-        wanted = frozenset(n for v in names.values() for n in v)
-        device = model.cfg.device
-        with torch.inference_mode():
-            _, cache = model.run_with_cache(
-                tokens.to(device),
-                attention_mask=None if attention_mask is None else attention_mask.to(device),
-                names_filter=lambda name: name in wanted,
-                stop_at_layer=max(self.layers) + 1,
-                return_cache_object=False,
-            )
-        self.cache = {layer: tuple(cache.pop(n) for n in names[layer]) for layer in self.layers}
-        del cache
+            return attns, names
+        kinds = ("hook_attn_scores", "hook_pattern") if scores else ("hook_pattern",)
+        return None, {layer: tuple(act_name(h, layer) for h in kinds) for layer in layers}
 
     @staticmethod
     def _attn(model, layer):
@@ -174,14 +271,6 @@ class AttentionRows:
         attn = getattr(blocks[layer], "attn", None) if blocks is not None else None
         ok = attn is not None and hasattr(attn, "attention_rows") and attn.rows_supported()
         return attn if ok else None
-
-    @classmethod
-    def layer_bytes(cls, model, n_batch: int, n_pos: int, scores: bool = False) -> int:
-        """What one layer's cache holds (to group layers under a memory budget)."""
-        cfg = model.cfg
-        if all(cls._attn(model, layer) is not None for layer in range(cfg.n_layers)):
-            return 2 * n_batch * n_pos * cfg.n_heads * cfg.d_head * 4
-        return (2 if scores else 1) * n_batch * cfg.n_heads * n_pos * n_pos * 4
 
     def rows(self, layer: int, start: int, stop: int):
         if self.by_rows:
@@ -204,40 +293,36 @@ def attention_batches(
     *,
     batch_size: int,
     scores: bool,
-    max_cache_mb: float,
     progress: bool,
     desc: str,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, AttentionRows, list[int]]]:
-    """Yield (batch index [b], attention mask [b, t], AttentionRows, its layers) over `s`,
-    batch by batch (longest first) and, within a batch, in groups of layers whose caches fit
-    `max_cache_mb` (at least one layer per group)."""
-    plan = plan_batches(
-        s,
-        batch_size,
-        sorted(layers),
-        lambda n, t: AttentionRows.layer_bytes(model, n, t, scores),
-        max_cache_mb=max_cache_mb,
-    )
-    total = sum(len(groups) for _, _, groups in plan)
-    with progress_bar(total=total, desc=desc, disable=not progress, leave=False) as bar:
-        for idx, t, groups in plan:
+    """Yield (batch index [b], attention mask [b, t], AttentionRows, [its layer]) over `s`,
+    batch by batch (longest first) and, within a batch, layer by layer from one forward pass
+    (`AttentionRows.each_layer`): one layer's attention for one batch at a time."""
+    batches = batches_by_length(s, batch_size)
+    lens = s.attention_mask.sum(1)
+    with progress_bar(total=len(batches), desc=desc, disable=not progress, leave=False) as bar:
+        for idx in batches:
+            t = int(lens[idx].max())
             tokens, mask = s.tokens[idx, :t], s.attention_mask[idx, :t]
-            for group in groups:
-                yield idx, mask, AttentionRows(model, tokens, mask, group, scores=scores), group
-                bar.update(1)
+            for layer, attention in AttentionRows.each_layer(
+                model, tokens, mask, layers, scores=scores
+            ):
+                yield idx, mask, attention, [layer]
+                del attention
+            bar.update(1)
 
 
 def attention_groups(model, s: Sequences, layers, opts, *, scores: bool, desc: str):
-    """`attention_batches` with the options' batch size, cache budget and progress: yields
-    (real [B, T] bool mask, the batch's query-row blocks, its AttentionRows, the group of
-    layers cached together), for the analyses that read whole attention rows."""
+    """`attention_batches` with the options' batch size and progress: yields (real [B, T]
+    bool mask, the batch's query-row blocks, its AttentionRows, [its layer]), for the analyses
+    that read whole attention rows."""
     for _, mask, attention, group in attention_batches(
         model,
         s,
         layers,
         batch_size=opts.batch_size,
         scores=scores,
-        max_cache_mb=opts.max_cache_mb,
         progress=opts.progress,
         desc=desc,
     ):
@@ -247,3 +332,4 @@ def attention_groups(model, s: Sequences, layers, opts, *, scores: bool, desc: s
             attention,
             group,
         )
+        del attention

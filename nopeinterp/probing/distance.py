@@ -413,7 +413,9 @@ def run_distance_dependence(mi: ModelInput, sets: Splits, opts: DistanceOptions)
                 for r0, r1 in blocks:
                     scores, pattern = attention.rows(layer, r0, r1)
                     stats[layer].update_rows(scores.cpu(), valid(r0, r1), r0, pattern.cpu())
+                del scores, pattern  # views of the layer's tensors
                 attention.release(layer)
+            del attention
         for layer in layers:
             st = stats[layer]
             r2, profile = st.solve()

@@ -111,7 +111,6 @@ def fit_position_erasers(
     concept: str = "index",
     n_classes: int | None = None,
     batch_size: int = 64,
-    max_cache_mb: float = 256,
     progress: bool = False,
 ) -> dict[int, LeaceEraser]:
     """A LEACE position eraser per layer, fitted on the (unerased) activations of `tokens`.
@@ -134,8 +133,6 @@ def fit_position_erasers(
         s,
         layer_hooks,
         batch_size=batch_size,
-        bytes_per_item=lambda t: t * d * 4,
-        max_cache_mb=max_cache_mb,
         progress=progress,
         desc="erasure: fit",
     ):
@@ -143,6 +140,7 @@ def fit_position_erasers(
         z = position_concept(_positions(real)[real], concept, n_classes)
         for layer, act in acts.items():
             fitters[layer].update(act[real].detach().to("cpu", torch.float64), z)
+        del acts, act  # before the pass computes the next layer
     return {layer: f.eraser for layer, f in fitters.items()}
 
 
@@ -245,7 +243,6 @@ def run_erase_position(mi: ModelInput, sets: Splits, opts: ErasureOptions) -> Er
         concept=opts.concept,
         n_classes=n_classes,
         batch_size=batch_size,
-        max_cache_mb=opts.max_cache_mb,
         progress=opts.progress,
     )
     probe_opts = ProbeOptions(
@@ -256,7 +253,6 @@ def run_erase_position(mi: ModelInput, sets: Splits, opts: ErasureOptions) -> Er
         seed=seed,
         progress=opts.progress,
         alphas=opts.alphas,
-        max_cache_mb=opts.max_cache_mb,
     )
     probe_mi = as_model(model)
     probe_splits = as_splits(probe_sets, model)

@@ -217,7 +217,9 @@ def _attention_stats(
                     pst.update_rows(pattern.cpu(), real, r0)
                     if with_scores:
                         dst.update_rows(scores.cpu(), valid(r0, r1), r0)
+                del scores, pattern  # views of the layer's tensors
                 attention.release(layer)
+            del attention
         out[split] = stats
     return out, layers
 

@@ -33,8 +33,9 @@ and ``meta["degenerate_fits"]`` says which layers and why; the trained model's r
 
 Streaming: activations are never kept. Pass 1 accumulates ridge sufficient statistics per
 layer (fit and val); the probes are solved; pass 2 runs over ID/OOD and accumulates the
-metrics from the predictions. Only the needed hooks are cached (names_filter), with at most
-`max_cache_mb` of activations cached per forward pass (layers split over passes if needed).
+metrics from the predictions. Each batch goes through the model once, and each hook read is
+handed over layer by layer as the pass reaches it (`_stream.stream`): one layer's
+activations at a time, whatever the number of layers.
 """
 
 from __future__ import annotations
@@ -146,7 +147,6 @@ def _fit_and_eval(
     shuffled_labels: dict[str, torch.Tensor] | None,
     alphas,
     batch_size,
-    max_cache_mb,
     progress,
     label,
     model_name="",
@@ -165,9 +165,6 @@ def _fit_and_eval(
             cols += [shuf[:, None].double(), _onehot(shuf, P)]
         return torch.cat(cols, 1)
 
-    def bytes_per_item(t):
-        return t * d * 4
-
     def batches(split: str):
         """(index, mask, {layer: activations}) of `sets[split]`, a batch at a time."""
         return stream(
@@ -175,8 +172,6 @@ def _fit_and_eval(
             sets[split],
             layer_hooks,
             batch_size=batch_size,
-            bytes_per_item=bytes_per_item,
-            max_cache_mb=max_cache_mb,
             progress=progress,
             desc=f"probe {model_name} {label}: {split}",
             check_finite=check_finite,
@@ -184,15 +179,18 @@ def _fit_and_eval(
 
     stats = {name: {layer: RidgeStats(d, k) for layer in layer_hooks} for name in ("fit", "val")}
     for name in ("fit", "val"):
+        batch = None
         for idx, mask, acts in batches(name):
-            real = mask.bool()
-            pos = _positions(real)[real]
-            shuf = None
-            if shuffled_labels is not None:
-                shuf = shuffled_labels[name][idx, : real.shape[1]][real]
-            Y = targets(pos, shuf)
+            if idx is not batch:  # a new batch (its layers come one at a time)
+                batch, real = idx, mask.bool()
+                pos = _positions(real)[real]
+                shuf = None
+                if shuffled_labels is not None:
+                    shuf = shuffled_labels[name][idx, : real.shape[1]][real]
+                Y = targets(pos, shuf)
             for layer, act in acts.items():
                 stats[name][layer].update(act[real], Y)
+            del acts, act  # before the pass computes the next layer
 
     weights, alpha_rows, probes, degenerate = {}, [], {}, set()
     for layer in layer_hooks:
@@ -235,6 +233,7 @@ def _fit_and_eval(
                     metrics[(g, split, layer)].update(
                         pos, pred[:, reg_col], pred[:, cls_cols].argmax(1)
                     )
+            del acts, act  # before the pass computes the next layer
     rows = []
     for (g, split, layer), m in metrics.items():
         name = label if g == "trained" else g
@@ -333,7 +332,6 @@ def run_probe_position(mi: ModelInput, sets: Splits, opts: ProbeOptions) -> Prob
         n_classes=n_classes,
         alphas=alphas,
         batch_size=opts.batch_size,
-        max_cache_mb=opts.max_cache_mb,
         progress=opts.progress,
         model_name=mi.name,
     )

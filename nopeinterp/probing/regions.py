@@ -157,7 +157,6 @@ def run_attention_regions(mi: ModelInput, task, tokenizer, opts: RegionOptions) 
             layers,
             batch_size=batch_size,
             scores=False,
-            max_cache_mb=opts.max_cache_mb,
             progress=opts.progress,
             desc=f"regions {mi.name}: {split}",
         ):
@@ -178,7 +177,9 @@ def run_attention_regions(mi: ModelInput, task, tokenizer, opts: RegionOptions) 
                     _, pattern = attention.rows(layer, r0, r1)  # [b, H, r1 - r0, r1]
                     mass = torch.einsum("bhqk,bkr->bhqr", pattern.double().cpu(), onehot[:, :r1])
                     sums[layer] += torch.einsum("bhqr,bqs->hsr", mass, q_onehot[:, r0:r1])
+                del pattern, mass
                 attention.release(layer)
+            del attention
         pe = mi.meta.get("pe", getattr(net, "pe", None))
         for layer in layers:
             for h in range(H):

@@ -29,10 +29,12 @@ head, and JSD summed over rows is 0.5 (sum p log p + sum q log q) - sum m log m,
 m log m term needs the pairwise [B, Ha, Hb, cells] tensor (processed in bounded chunks); the
 blocks' sums add up to the sequence's. Data are streamed batch by batch; only the
 per-(example, layer) scalars are kept, so peak memory does not grow with the number of
-examples. On our models the patterns are computed block by block from cached q and k
-(`nopeinterp.probing._stream.AttentionRows`), so no full [B, H, T, T] tensor exists; on
-others `blocks.{l}.attn.hook_pattern` is cached. The forward pass stops after the last
-requested layer.
+examples. Each model runs once per batch, and the passes advance layer by layer together
+(`nopeinterp.probing._stream.AttentionRows.each_layer`), so one layer's attention per model
+exists at a time, whatever the number of layers. On our models the patterns are computed
+block by block from q and k, so no full [B, H, T, T] tensor exists; on others the layer's
+`blocks.{l}.attn.hook_pattern` is read. The forward pass stops after the last requested
+layer.
 """
 
 from __future__ import annotations
@@ -240,11 +242,6 @@ def check_compatible(model_a, model_b, name: str = "model_b") -> None:
         )
 
 
-# Attention caches held at once per batch (per model): layers are taken in groups that fit,
-# so memory is bounded by one layer's cache for a batch, not by the number of layers.
-PATTERN_CACHE_MB = 512
-
-
 def pattern_names_filter(layers: Iterable[int]):
     """names_filter admitting only blocks.{l}.attn.hook_pattern for `layers`."""
     wanted = frozenset(act_name("pattern", layer) for layer in layers)
@@ -343,34 +340,41 @@ def divergence_frames(
                 valid = valid.to(model_a.cfg.device)
                 vals = {name: np.empty((n, len(layers))) for name in models_b}
                 pair_names = {name: [[None] * len(layers) for _ in range(n)] for name in models_b}
-                # layers in groups whose caches fit PATTERN_CACHE_MB (one pass per group);
-                # each layer's patterns are read by blocks of query rows (AttentionRows)
+                # one forward pass per model, all advancing layer by layer together
+                # (AttentionRows.each_layer): one layer's patterns per model at a time, each
+                # read by blocks of query rows; a model given twice runs once
                 t = tokens.shape[1]
-                everyone = (model_a, *models_b.values())
-                per_layer = max(AttentionRows.layer_bytes(m, n, t) for m in everyone)
-                step = max(1, int(PATTERN_CACHE_MB * 2**20 // max(per_layer, 1)))
-                blocks = row_blocks(n, max(m.cfg.n_heads for m in everyone), t)
+                everyone = {id(model_a): model_a, **{id(m): m for m in models_b.values()}}
+                blocks = row_blocks(n, max(m.cfg.n_heads for m in everyone.values()), t)
                 n_rows = valid.sum(1)
-                for g0 in range(0, len(layers), step):
-                    group = list(enumerate(layers))[g0 : g0 + step]
-                    src_a = AttentionRows(model_a, tokens, mask, [ly for _, ly in group])
+                passes = {
+                    key: AttentionRows.each_layer(m, tokens, mask, layers)
+                    for key, m in everyone.items()
+                }
+                for li, layer in enumerate(layers):
+                    src = {}
+                    for key, each in passes.items():
+                        got, src[key] = next(each)
+                        assert got == layer
+                    src_a = src[id(model_a)]
                     for name, model_b in models_b.items():
-                        src_b = AttentionRows(model_b, tokens, mask, [ly for _, ly in group])
-                        for li, layer in group:
-                            total = 0
-                            for r0, r1 in blocks:
-                                pa = src_a.rows(layer, r0, r1)[1]
-                                pb = src_b.rows(layer, r0, r1)[1].to(pa.device)
-                                total = total + head_pair_divergence_sum(
-                                    pa, pb, valid[:, r0:r1], r0, metric=metric
-                                )
-                            mat = mean_divergence(total, n_rows, metric)
-                            v, h = reduce_heads(mat.cpu().numpy(), reducers[name])
-                            vals[name][:, li] = v
-                            for e in range(n):
-                                pair_names[name][e][li] = h[e]
-                        del src_b
-                    del src_a
+                        src_b = src[id(model_b)]
+                        total = 0
+                        for r0, r1 in blocks:
+                            pa = src_a.rows(layer, r0, r1)[1]
+                            pb = src_b.rows(layer, r0, r1)[1].to(pa.device)
+                            total = total + head_pair_divergence_sum(
+                                pa, pb, valid[:, r0:r1], r0, metric=metric
+                            )
+                        del pa, pb, src_b
+                        mat = mean_divergence(total, n_rows, metric)
+                        v, h = reduce_heads(mat.cpu().numpy(), reducers[name])
+                        vals[name][:, li] = v
+                        for e in range(n):
+                            pair_names[name][e][li] = h[e]
+                    del src, src_a  # before the passes compute the next layer
+                for each in passes.values():
+                    each.close()
                 for name in models_b:
                     results[name]["value"].extend(vals[name].tolist())
                     results[name]["heads"].extend(pair_names[name])
