@@ -42,14 +42,17 @@ def hook_stream(
     resume = threading.Semaphore(0)
     aborted = threading.Event()
 
-    def hook(activation, hook):
-        if aborted.is_set():
-            raise _Aborted
-        handoff.put(("activation", hook.name, activation))
-        del activation
-        resume.acquire()
-        if aborted.is_set():
-            raise _Aborted
+    def reader(name):  # by the name asked for (a bridge's hook may be an alias of another)
+        def hook(activation, hook):
+            if aborted.is_set():
+                raise _Aborted
+            handoff.put(("activation", name, activation))
+            del activation
+            resume.acquire()
+            if aborted.is_set():
+                raise _Aborted
+
+        return hook
 
     def work():
         try:
@@ -57,7 +60,7 @@ def hook_stream(
                 model.run_with_hooks(
                     tokens,
                     attention_mask=attention_mask,
-                    fwd_hooks=[(name, hook) for name in sorted(names)],
+                    fwd_hooks=[(name, reader(name)) for name in sorted(names)],
                     stop_at_layer=stop_at_layer,
                 )
             handoff.put(("done",))
