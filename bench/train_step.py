@@ -21,13 +21,8 @@ inference forward (no_grad, eval, no hooks: what residual-stream probing runs) o
 model FLOP utilisation: analytic matmul FLOPs of a step (3x forward) per second over this
 machine's measured float32 matmul peak.
 
-    python -m bench.train_step [--quick] [--threads N] [--repeats R] [--rounds K] [--before]
+    python -m bench.train_step [--quick] [--threads N] [--repeats R] [--rounds K]
                                [--seq T ...] [--d-model D ...] [--pe PE ...]
-
-Besides, it times the same model on TransformerLens' own block, LayerNorm and attention
-forwards (what the package ran before models/base.py's PEBlock / FusedLayerNorm / PEAttention
-forwards), timed in the same interleaved
-run (`--no-before` skips it): the before/after ratio of that optimisation.
 """
 
 from __future__ import annotations
@@ -36,7 +31,6 @@ import argparse
 import math
 import statistics
 import time
-import types
 
 import torch
 import torch.nn.functional as F
@@ -278,19 +272,6 @@ def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def use_tl_forwards(model):
-    """Switch `model` (one instance) back to TransformerLens' own block, LayerNorm and attention
-    forwards: the package before models/base.py's PEBlock / FusedLayerNorm / PEAttention
-    forwards, for a before/after figure (the position bias is still added, by the scores)."""
-    from nopeinterp._tl import Attention, LayerNorm, TransformerBlock
-
-    for module in model.modules():
-        for cls in (TransformerBlock, LayerNorm, Attention):
-            if isinstance(module, cls):
-                module.forward = types.MethodType(cls.forward, module)
-    return model
-
-
 def forward_fn(model, fn, batch):
     model.eval()
 
@@ -313,13 +294,12 @@ def run(
     quick: bool = False,
     repeats: int | None = None,
     pes=PE_TYPES,
-    before: bool = False,
     seqs=None,
     d_models=None,
     rounds: int = ROUNDS,
 ) -> list[dict]:
-    """Summary rows; `before` also times ours on TransformerLens' own forwards. Every cell is
-    measured in `rounds` rounds; its figures are the medians over them."""
+    """Summary rows. Every cell is measured in `rounds` rounds; its figures are the medians
+    over them."""
     cfg = QUICK if quick else FULL
     repeats = repeats or cfg["repeats"]
     peak = matmul_peak(256 if quick else 2048, repeats=3 if quick else 5)
@@ -350,9 +330,6 @@ def run(
                     "sdpa": step_fn(sdpa, ref_loss, batch),
                     "naive": step_fn(naive, ref_loss, batch),
                 }
-                if before:
-                    stock = use_tl_forwards(build_model(pe, device="cpu", **kw))
-                    fns["before"] = step_fn(stock, target_loss, batch)
                 fwd = {
                     "ours": forward_fn(ours, _ours_forward, batch),
                     "sdpa": forward_fn(sdpa, _ref_forward, batch),
@@ -406,17 +383,6 @@ def run(
                         note="no_grad, eval mode, no hooks attached",
                     )
                 )
-                if before:
-                    rows.append(
-                        row(
-                            f"train step {pe} {shape}: before (TL's forwards)/sdpa-ref time",
-                            t["before"] * 1e3,
-                            t["sdpa"] * 1e3,
-                            t["before"] / t["sdpa"],
-                            unit="ms/step",
-                            note=f"ours is {t['before'] / t['ours']:.3f}x faster than before",
-                        )
-                    )
     return rows
 
 
@@ -427,18 +393,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds per cell (medians)")
     parser.add_argument("--pe", nargs="*", default=list(PE_TYPES))
-    parser.add_argument(
-        "--before", action="store_true", help="also time TL's own block/LN/attention forwards"
-    )
     parser.add_argument("--d-model", type=int, nargs="*", default=None)
     parser.add_argument("--seq", type=int, nargs="*", default=None)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(machine_line())
-    rows = run(
-        args.quick, args.repeats, tuple(args.pe), args.before, args.seq, args.d_model, args.rounds
-    )
+    rows = run(args.quick, args.repeats, tuple(args.pe), args.seq, args.d_model, args.rounds)
     print_rows("train step", rows)
 
 

@@ -5,27 +5,27 @@ TL hook names (`blocks.{i}.hook_resid_post`, `blocks.{i}.attn.hook_pattern`, ...
 `run_with_cache(tokens, attention_mask=, names_filter=, stop_at_layer=)` / `hooks()`, a `cfg`
 with n_layers, n_heads, d_model, d_vocab, n_ctx, device and dtype, and a `tokenizer`.
 
-TL 3.9: our models are `HookedTransformer`s (nopeinterp/models/base.py) and `from_hf`
-converts a transformers model into one. TL 3.9 warns on every HookedTransformer construction
-that the class is deprecated in favour of TransformerBridge; exactly that warning is silenced
-around the constructor call (`tl_deprecation_silenced`; a module-level filter would be undone
-by pytest's and notebooks' own filters).
+Our own models (every PE, both architectures, hence every checkpoint) are built on
+`HookedRootModule` and `HookPoint`, which both versions have (nopeinterp/models/base.py):
+they build, load and run the same under TL 3.9 and 4.x.
 
-TL 4.x removed `HookedTransformer`, `HookedTransformerConfig` and the component tree our
-models subclass (it keeps `HookedRootModule`, `HookPoint`, `ActivationCache`, the hook names
-and `TransformerBridge`). There, `from_hf` wraps the transformers model in a
-`TransformerBridge` in compatibility mode without weight processing (`bridge`), so the hook
-values are the transformers model's own, as under 3.9, and the analyses run on it. Our own
-models (every PE, both architectures, hence every checkpoint) need TL 3.9: under 4.x,
-building or loading one raises `TLVersionError`, one line.
+Models imported from transformers (`from_hf`): under TL 3.9, TL's `HookedTransformer`
+converts the weights into one (TL 3.9 warns on every HookedTransformer construction that the
+class is deprecated; exactly that warning is silenced around the constructor call,
+`tl_deprecation_silenced`, as a module-level filter would be undone by pytest's and
+notebooks' own filters). TL 4.x removed `HookedTransformer` and `HookedTransformerConfig`:
+there `from_hf` wraps the transformers model in a `TransformerBridge` in compatibility mode
+without weight processing (`bridge`), so the hook values are the transformers model's own, as
+under 3.9, and the analyses run on it. Under 4.x, `HookedTransformer`,
+`HookedTransformerConfig` and `Attention` are None here, and `init_kv_cache` of an imported
+model (TL's KV cache) raises `TLVersionError`.
 """
 
 import contextlib
 import warnings
 from importlib.metadata import version
 
-from torch import nn
-from transformer_lens import ActivationCache
+from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_offset_position_ids
 
@@ -34,55 +34,36 @@ from nopeinterp.errors import NopeinterpError
 TL_VERSION = version("transformer-lens")
 TL4 = int(TL_VERSION.split(".")[0]) >= 4
 
-OWN_MODELS_NEED_TL3 = (
-    f"nopeinterp's own models and checkpoints are built on TransformerLens' HookedTransformer, "
-    f"which TransformerLens {TL_VERSION} removed: install 'transformer-lens>=3.9,<4' for them "
-    "(models imported with from_hf run under both)"
-)
-
 
 class TLVersionError(NopeinterpError, RuntimeError):
     """Something the installed TransformerLens version cannot do."""
 
 
 if TL4:
+    HookedTransformer = HookedTransformerConfig = Attention = None
 
-    class _RemovedInTL4(nn.Module):
-        """Stands in for a TL 3.9 class that TL 4 removed: ours may subclass it (so every module
-        imports), and constructing one says, in one line, what to install."""
-
-        def __init__(self, *args, **kwargs):
-            raise TLVersionError(OWN_MODELS_NEED_TL3)
-
-    class HookedTransformer(_RemovedInTL4):
-        pass
-
-    class HookedTransformerConfig(_RemovedInTL4):
-        pass
-
-    class Attention(_RemovedInTL4):
-        pass
-
-    class LayerNorm(_RemovedInTL4):
-        pass
-
-    class TransformerBlock(_RemovedInTL4):
-        pass
-
-    class PosEmbed(_RemovedInTL4):
-        pass
-
-    def init_kv_cache(model, batch: int):
-        raise TLVersionError(OWN_MODELS_NEED_TL3)
+    def _tl_kv_cache(model, batch: int):
+        raise TLVersionError(
+            f"KV-cache decoding of an imported model needs TransformerLens' HookedTransformer, "
+            f"which TransformerLens {TL_VERSION} removed: install 'transformer-lens>=3.9,<4' "
+            "for it"
+        )
 
 else:
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-    from transformer_lens.components import Attention, LayerNorm, PosEmbed, TransformerBlock
+    from transformer_lens.components import Attention
 
-    def init_kv_cache(model, batch: int):
-        """An empty TransformerLens KV cache for `batch` sequences on the model's device."""
+    def _tl_kv_cache(model, batch: int):
         return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch)
+
+
+def init_kv_cache(model, batch: int):
+    """An empty KV cache for `batch` sequences on the model's device: our models' own, or
+    TransformerLens' for an imported HookedTransformer (TL 3.9)."""
+    if hasattr(model, "init_kv_cache"):
+        return model.init_kv_cache(batch)
+    return _tl_kv_cache(model, batch)
 
 
 @contextlib.contextmanager
@@ -138,18 +119,15 @@ def _stand_in_tokenizer():
 
 
 __all__ = [
-    "OWN_MODELS_NEED_TL3",
     "TL4",
     "TL_VERSION",
     "TLVersionError",
     "ActivationCache",
     "Attention",
     "HookPoint",
+    "HookedRootModule",
     "HookedTransformer",
     "HookedTransformerConfig",
-    "LayerNorm",
-    "PosEmbed",
-    "TransformerBlock",
     "bridge",
     "get_offset_position_ids",
     "init_kv_cache",

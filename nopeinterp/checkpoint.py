@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 from nopeinterp._io import atomic_write, atomic_write_torch, versions
-from nopeinterp._tl import TLVersionError
 from nopeinterp.errors import CheckpointError
 from nopeinterp.models import (
     ARCH_DEFAULTS,
@@ -344,8 +343,6 @@ def load_checkpoint(path, device=None, rope_scaling=None) -> Checkpoint:
         model = build_model(pe, tokenizer=tokenizer, device=device, **{**ARCH_DEFAULTS, **config})
         if rope_scaling is not None:
             set_rope_scaling(model, rope_scaling)
-    except TLVersionError:  # the installed TransformerLens cannot build our models
-        raise
     except Exception as e:  # a crafted config: whatever the constructors reject
         raise CheckpointError(f"{path}: invalid model config: {_reason(e)}") from None
     _load_weights(model, state, path)

@@ -20,6 +20,8 @@ from nopeinterp.errors import NopeinterpError
 from nopeinterp.tasks import get_task, task_tokenizer
 from nopeinterp.viz.export import find_chromium
 
+pytestmark = pytest.mark.tl4
+
 ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
 TASK_OPTIONS = {
     "copy": {"id_lengths": [2, 3], "ood_lengths": [4, 5]},

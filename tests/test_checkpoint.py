@@ -10,6 +10,8 @@ from nopeinterp import PE_TYPES, CheckpointError, load_checkpoint, save_checkpoi
 from nopeinterp.cli import main
 from nopeinterp.tasks import build_tokenizer
 
+pytestmark = pytest.mark.tl4
+
 
 @pytest.fixture
 def tokenizer():

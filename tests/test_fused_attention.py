@@ -10,6 +10,8 @@ from nopeinterp import PE_TYPES, build_model
 from nopeinterp.models.base import PEAttention
 from tests.conftest import TINY
 
+pytestmark = pytest.mark.tl4
+
 VARIANTS = [(pe, {}) for pe in PE_TYPES] + [
     ("rotary", {"layer_pe": ["rotary", "t5", "nope", "fire"], "n_layers": 4}),
     ("alibi", {"layer_pe": ["kerple", "alibi", "rotary", "nope"], "n_layers": 4}),
@@ -74,11 +76,9 @@ def test_fused_equals_explicit_outputs_and_gradients(pe, kw, padding):
 
 @pytest.mark.parametrize("pe, kw", VARIANTS, ids=IDS)
 def test_fused_kv_cache_decoding_equals_explicit_full_forward(pe, kw):
-    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-
     model = make(pe, kw)
     seq = tokens(2, 14)
-    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 2)
+    cache = model.init_kv_cache(2)
     ones = torch.ones_like(seq)
     pieces = [model(seq[:, :5], past_kv_cache=cache, attention_mask=ones[:, :5])]
     for t in range(5, 14):

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from nopeinterp import build_model, load_checkpoint, save_checkpoint
-from nopeinterp._tl import HookedTransformer, HookedTransformerConfig
+from nopeinterp._tl import TL4, HookedTransformer, HookedTransformerConfig
 from nopeinterp.models import layer_pes, model_config
 from tests.conftest import TINY
+
+pytestmark = pytest.mark.tl4
 
 MIX = ["rotary", "t5", "nope", "alibi", "fire", "kerple", "t5"]
 MIXED = {**TINY, "n_layers": len(MIX)}
@@ -62,11 +64,15 @@ def test_bias_pes_share_one_module_across_their_layers():
     assert list(cache.keys()) == ["blocks.0.attn.hook_rot_q"]
 
 
-def test_layer_pes_for_ours_and_stock_transformerlens(tiny):
+def test_layer_pes_of_ours(tiny):
     assert layer_pes(mixed()) == MIX
     assert layer_pes(tiny("t5")) == ["t5"] * TINY["n_layers"]
     assert layer_pes(tiny("sinusoidal")) == ["sinusoidal"] * TINY["n_layers"]
     assert layer_pes(tiny("ape")) == ["ape"] * TINY["n_layers"]
+
+
+@pytest.mark.skipif(TL4, reason="TransformerLens 4 removed HookedTransformer")
+def test_layer_pes_of_stock_transformerlens():
     for kind, name in [("rotary", "rotary"), ("standard", "ape")]:
         extra = {"rotary_dim": 4} if kind == "rotary" else {}
         cfg = HookedTransformerConfig(

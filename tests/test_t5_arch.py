@@ -19,6 +19,8 @@ from nopeinterp._tl import init_kv_cache
 from nopeinterp.models import build_model, model_config
 from nopeinterp.models.codellm import load_t5_weights, t5_state_to_ours
 
+pytestmark = pytest.mark.tl4
+
 N_LAYERS, N_HEADS, D_HEAD, D_MODEL, D_FF, VOCAB = 2, 3, 16, 20, 40, 50
 BUCKETS, MAX_DISTANCE = 8, 20  # small, so a 30-token input reaches the log and last buckets
 

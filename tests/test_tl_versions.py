@@ -3,7 +3,8 @@
 
 Imported models (`from_hf`: a HookedTransformer under 3.9, a TransformerBridge under 4.x)
 compute what the transformers model computes and go through the analyses with their defaults;
-our own models and checkpoints need TL 3.9 and, under 4.x, say so in one line."""
+our own models and every shipped checkpoint give the same logits under both and go through
+the analyses."""
 
 from pathlib import Path
 
@@ -12,7 +13,6 @@ import torch
 import transformers as tf
 from test_hf_analyses import VOCAB, run_cli, word_tokenizer
 
-from nopeinterp._tl import TL4, TLVersionError
 from nopeinterp.models.hf import from_hf
 from nopeinterp.probing import distance_dependence, probe_position
 from nopeinterp.similarity import compare_attention
@@ -72,15 +72,42 @@ def test_cli_probe_position_on_an_imported_directory(tmp_path):
     assert "random_init" in r.stdout and "OOD" in r.stdout
 
 
-def test_own_checkpoints_load_under_3_and_say_why_not_in_one_line_under_4():
+# Left padding of the three reference rows (tests/data/checkpoint_logits.pt: tokens and the
+# last position's logits of every shipped checkpoint, recorded under TL 3.9 before our models
+# moved off TL's HookedTransformer).
+LEFT_PADS = (0, 3, 7)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CHECKPOINTS.glob("*.pt")))
+def test_every_shipped_checkpoint_gives_its_recorded_logits(name):
     from nopeinterp.checkpoint import load_checkpoint
 
+    ref = torch.load(Path(__file__).parent / "data" / "checkpoint_logits.pt")
+    i = ref["names"].index(name)
+    tokens, d_vocab = ref["tokens"][i].long(), ref["d_vocab"][i]
+    start = sum(3 * v for v in ref["d_vocab"][:i])
+    want = ref["logits"][start : start + 3 * d_vocab].reshape(3, d_vocab)
+    mask = torch.ones_like(tokens)
+    for row, pads in enumerate(LEFT_PADS):
+        mask[row, :pads] = 0
+    model = load_checkpoint(CHECKPOINTS / name, device="cpu").model
+    with torch.no_grad():
+        logits = model(tokens, attention_mask=mask)[:, -1]
+    torch.testing.assert_close(logits, want, atol=1e-5, rtol=0)
+
+
+def test_analyses_run_on_a_shipped_checkpoint():
     path = CHECKPOINTS / "copy-nope.pt"
-    if not TL4:
-        assert load_checkpoint(path).model.cfg.n_layers > 0
-        return
-    with pytest.raises(TLVersionError, match="transformer-lens>=3.9,<4"):
-        load_checkpoint(path)
-    r = run_cli("probe-position", str(path), "--n-train", "8", "--n-eval", "4")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "transformer-lens>=3.9,<4" in r.stderr
+    probe = probe_position(path, n_train=24, n_eval=8, progress=False)
+    assert {"trained", "random_init"} <= set(probe.table["model"])
+    assert probe.table["value"].notna().all() and "OOD" in set(probe.table["split"])
+    dist = distance_dependence(path, n_eval=8, progress=False)
+    assert set(dist.table["layer"]) == {0, 1, 2, 3}
+    same = compare_attention(path, {"other": CHECKPOINTS / "copy-nope-seed1.pt"}, n_per_length=1, progress=False)  # fmt: skip
+    assert (same.ranking["mean"] > 0).all()
+
+
+def test_cli_probe_position_on_a_shipped_checkpoint():
+    r = run_cli("probe-position", str(CHECKPOINTS / "copy-t5.pt"), "--n-train", "16", "--n-eval", "4")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "random_init" in r.stdout

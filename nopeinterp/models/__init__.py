@@ -1,12 +1,12 @@
-"""The model zoo: decoder-only HookedTransformers with a positional encoding per layer."""
+"""The model zoo: decoder-only transformers with a positional encoding per layer."""
 
 from __future__ import annotations
 
 import torch
 
-from nopeinterp._tl import HookedTransformerConfig
 from nopeinterp.models.alibi import alibi_slopes
 from nopeinterp.models.base import PEAttention, PETransformer
+from nopeinterp.models.config import ModelConfig
 from nopeinterp.models.registry import ARCH_LAYOUTS, LAYER_PES, MODEL_CLASSES
 from nopeinterp.models.rotary import check_rope_scaling, rope_frequencies, rotary_dim
 from nopeinterp.models.t5 import t5_bucket_ids
@@ -84,7 +84,7 @@ def build_model(
     every layer.
     `dropout`: on the embeddings, the attention weights and the attention and MLP outputs, in
     training mode (the paper: 0.1; with arch="t5" also after the ReLU and the final norm).
-    `arch`: "default" (TL's pre-LayerNorm block with biases) or "t5" (the paper's own model,
+    `arch`: "default" (GPT-2's pre-LayerNorm block with biases) or "t5" (the paper's own model,
     T5's decoder: RMS norm, no biases, unscaled logits by default, tied output scaled by
     d_model^-0.5, T5's initialisation; see `nopeinterp.models.t5_arch`).
     `d_head`: each head's width (default d_model / n_heads; any value: n_heads x d_head need
@@ -132,7 +132,7 @@ def build_model(
         extra["rotary_base"] = pe_options.get("base", 10000)
         extra["rotary_adjacent_pairs"] = t5  # the official rotary: GPT-J's interleaved pairs
     device = resolve_device(device)
-    cfg = HookedTransformerConfig(
+    cfg = ModelConfig(
         n_layers=n_layers,
         n_heads=n_heads,
         d_model=d_model,
@@ -141,7 +141,6 @@ def build_model(
         d_vocab=d_vocab,
         n_ctx=n_ctx,
         act_fn=act_fn,
-        attention_dir="causal",
         use_attn_scale=(not t5) if attn_scale is None else attn_scale,
         seed=seed,
         device="cpu",  # initialised here, then moved: same weights on every device
@@ -152,7 +151,7 @@ def build_model(
         default_prepend_bos=tokenizer is not None and adds_bos(tokenizer),
         **extra,
     )
-    with torch.random.fork_rng(devices=[]):  # TL seeds the global RNG; leave the caller's alone
+    with torch.random.fork_rng(devices=[]):  # init_weights seeds the global RNG: not the caller's
         model = MODEL_CLASSES[pe](
             cfg,
             tokenizer=tokenizer,
@@ -164,7 +163,7 @@ def build_model(
             **pe_options,
         )
     if dtype is not None and dtype != torch.float32:  # the PE modules' own tensors too
-        model.to(dtype, print_details=False)
+        model.to(dtype)
     if device.type != "cpu":
         model.to(device)
     return model

@@ -16,15 +16,20 @@ import math
 
 import torch
 
-from nopeinterp._tl import Attention
 from nopeinterp.models.base import LayerPE, PETransformer, PositionBias, relative_distance
+
+
+def _geometric_slopes(n: int) -> torch.Tensor:
+    """The power-of-two case: the geometric sequence 2^(-8/n), (2^(-8/n))^2, ..."""
+    start = 2 ** (-8 / n)
+    return start * start ** torch.arange(n)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
     power_of_two = 2 ** math.floor(math.log2(n_heads))
-    slopes = Attention.create_alibi_multipliers(power_of_two)  # TL: the power-of-two case
+    slopes = _geometric_slopes(power_of_two)
     if power_of_two < n_heads:
-        extra = Attention.create_alibi_multipliers(2 * power_of_two)[0::2]
+        extra = _geometric_slopes(2 * power_of_two)[0::2]
         slopes = torch.cat([slopes, extra[: n_heads - power_of_two]])
     return slopes
 

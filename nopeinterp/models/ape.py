@@ -1,6 +1,6 @@
 """Absolute position embeddings added to the residual stream.
 
-`ape`: a learned table W_pos [n_ctx, d_model] (TL's PosEmbed); it has no row past n_ctx, so
+`ape`: a learned table W_pos [n_ctx, d_model]; it has no row past n_ctx, so
 longer inputs raise a ValueError naming the limit.
 `sinusoidal`: the fixed sin/cos embedding of Vaswani et al. (the paper's "APE"); computed for
 any length, no parameters. Two layouts of the same numbers: "interleaved" (even dims sin, odd
@@ -13,41 +13,43 @@ import math
 import torch
 from torch import nn
 
-from nopeinterp._tl import PosEmbed, get_offset_position_ids
+from nopeinterp._tl import get_offset_position_ids
 from nopeinterp.models.base import PETransformer
 
 
-class SlicedPosEmbed(PosEmbed):
-    """TL's learned PosEmbed. When every row of the attention mask is real tokens then padding
-    (no left padding: what training and teacher forcing give), the position ids are 0..T-1, so a
-    slice of W_pos replaces TL's per-token gather and the scatter in its backward; otherwise,
-    TL's own forward. Pads get 0, as in TL."""
+class LearnedPosEmbed(nn.Module):
+    """A learned table W_pos [n_ctx, d_model]: row p for a token at position p, counted from
+    each sequence's first real token under left padding; pads get 0. When every row of the
+    attention mask is real tokens then padding (no left padding: what training and teacher
+    forcing give), the positions are 0..T-1 and a slice of W_pos is used (no per-token gather,
+    no scatter in the backward)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model, dtype=cfg.dtype))
 
     def forward(self, tokens, past_kv_pos_offset=0, attention_mask=None):
-        if attention_mask is None or not bool(
-            (attention_mask[:, 1:] <= attention_mask[:, :-1]).all()
-        ):
-            return super().forward(tokens, past_kv_pos_offset, attention_mask)
         end = past_kv_pos_offset + tokens.size(-1)
+        if end > self.W_pos.shape[0]:
+            raise ValueError(
+                f"learned APE has {self.W_pos.shape[0]} positions (n_ctx); "
+                f"got a sequence reaching position {end}"
+            )
+        if attention_mask is None:
+            return self.W_pos[past_kv_pos_offset:end].expand(tokens.size(0), -1, -1).clone()
         pad = ~attention_mask[:, past_kv_pos_offset:end].bool()
-        return torch.where(pad[..., None], 0, self.W_pos[past_kv_pos_offset:end])
+        if bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+            return torch.where(pad[..., None], 0, self.W_pos[past_kv_pos_offset:end])
+        positions = get_offset_position_ids(past_kv_pos_offset, attention_mask)
+        return torch.where(pad[..., None], 0, self.W_pos[positions])
 
 
 class LearnedAPETransformer(PETransformer):
     pe = "ape"
     absolute_embedding = True
 
-    def configure_positional_encoding(self):
-        self.pos_embed = SlicedPosEmbed(self.cfg)
-
-    def get_residual(self, embed, pos_offset, *args, **kwargs):
-        end = pos_offset + embed.shape[1]
-        if end > self.cfg.n_ctx:
-            raise ValueError(
-                f"learned APE has {self.cfg.n_ctx} positions (n_ctx); "
-                f"got a sequence reaching position {end}"
-            )
-        return super().get_residual(embed, pos_offset, *args, **kwargs)
+    def make_pos_embed(self):
+        return LearnedPosEmbed(self.cfg)
 
 
 SINUSOID_LAYOUTS = ("interleaved", "halves")
@@ -73,7 +75,8 @@ def sinusoidal_embedding(
 
 
 class SinusoidalPosEmbed(nn.Module):
-    """Drop-in for TL's PosEmbed (same forward signature), with no parameters."""
+    """The sin/cos embedding of each token's position (counted from its sequence's first real
+    token under left padding; pads get 0), with no parameters."""
 
     def __init__(self, cfg, layout: str = "interleaved"):
         super().__init__()
@@ -92,7 +95,7 @@ class SinusoidalPosEmbed(nn.Module):
         emb = sinusoidal_embedding(positions.to(tokens.device), self.cfg.d_model, self.layout).to(
             self.cfg.dtype
         )
-        if attention_mask is not None:  # zero on pads, as TL's PosEmbed does
+        if attention_mask is not None:  # zero on pads, as a learned table gives
             pad = ~attention_mask[:, past_kv_pos_offset:].bool()
             emb = emb.masked_fill(pad[..., None], 0.0)
         return emb
@@ -102,5 +105,5 @@ class SinusoidalTransformer(PETransformer):
     pe = "sinusoidal"
     absolute_embedding = True
 
-    def configure_positional_encoding(self):
-        self.pos_embed = SinusoidalPosEmbed(self.cfg)
+    def make_pos_embed(self):
+        return SinusoidalPosEmbed(self.cfg)

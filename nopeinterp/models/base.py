@@ -1,5 +1,15 @@
-"""Shared base of the model zoo: a HookedTransformer whose positional encoding is pluggable,
-per layer.
+"""Shared base of the model zoo: a decoder-only transformer whose positional encoding is
+pluggable, per layer, with TransformerLens' hook names, parameter names and shapes.
+
+The model, nanoGPT-style, in the order the residual stream meets it:
+    embed (+ pos_embed for an absolute PE) -> blocks[i]: x + attn(ln1(x)), then + mlp(ln2(x))
+    -> ln_final -> unembed.
+It is written on TransformerLens' `HookedRootModule` and `HookPoint` (which TL 3.9 and 4.x both
+have), not on TL's `HookedTransformer` (which TL 4 removed): the hook points
+(`blocks.{i}.hook_resid_pre`, `blocks.{i}.attn.hook_pattern`, ...), `run_with_cache`,
+`run_with_hooks`, `hooks()`, the `cfg` fields (`ModelConfig`) and the state-dict keys
+(`blocks.{i}.attn.W_Q` [head, d_model, d_head], ...) are TL 3.9's, so every checkpoint loads
+as it did and every analysis runs unchanged, under either version.
 
 A positional encoding acts in one of two places:
   - in attention, per layer (`LayerPE`): nope, t5, alibi, rotary, fire, kerple. Each lives in
@@ -11,17 +21,13 @@ A positional encoding acts in one of two places:
     (`layer_pe=[...]`).
   - in the residual stream, once (`ape`, `sinusoidal`): a `PETransformer` subclass with
     `absolute_embedding = True` and its own `pos_embed`; its layers are plain NoPE attention.
-Everything else (MLPs, hooks, caching, generation) is stock TransformerLens. The block,
-LayerNorm and attention forwards are TL's minus work our configurations never need
-(`PEBlock`, `FusedLayerNorm`, `PEAttention`); each falls back to TL's own forward when a
-feature it skips is on, and tests/test_models.py checks them against TL's forwards and
-gradients for every PE. `PEAttention` runs `F.scaled_dot_product_attention` (the fused path)
-when nothing needs the explicit scores or pattern; see `PEAttention.fused_ok`.
+`PEAttention` runs `F.scaled_dot_product_attention` (the fused path) when nothing needs the
+explicit scores or pattern; see `PEAttention.fused_ok`. Generation with a KV cache:
+`model.init_kv_cache(batch)`, passed as `past_kv_cache=` (`KVCache`).
 """
 
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import Mapping
 
@@ -29,17 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nopeinterp._tl import (
-    Attention,
-    HookedTransformer,
-    HookedTransformerConfig,
-    HookPoint,
-    LayerNorm,
-    TransformerBlock,
-    get_offset_position_ids,
-    tl_deprecation_silenced,
-)
-from nopeinterp.tasks.tokenizer import adds_bos
+from nopeinterp._tl import ActivationCache, HookedRootModule, HookPoint, get_offset_position_ids
+from nopeinterp.models.config import ModelConfig
 
 
 def relative_distance(q_len: int, k_len: int, device=None) -> torch.Tensor:
@@ -69,53 +66,224 @@ class PositionBias(nn.Module):
         raise NotImplementedError
 
 
-# TL attention features the lean forward below does not implement: with any on, TL's runs.
-_TL_FORWARD_FLAGS = (
-    "use_attn_result",
-    "use_split_qkv_input",
-    "use_attn_in",
-    "load_in_4bit",
-    "use_qk_norm",
-    "use_logn_attn",
-    "use_attention_sinks",
-)
+def _gelu_tanh(x):
+    return F.gelu(x, approximate="tanh")
+
+
+# act_fn name (TL's and transformers' spelling) -> function
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "gelu_new": _gelu_tanh,
+    "gelu_fast": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh,
+}
+
+
+# --- the modules of a block -------------------------------------------------------------------
+class LayerNorm(nn.Module):
+    """LayerNorm (biased variance, eps inside the square root) with TL's hook points: one
+    `F.layer_norm` kernel while no hook watches `hook_scale` / `hook_normalized`, otherwise
+    the step-by-step form that fills them. Half precision is normalised in float32."""
+
+    def __init__(self, cfg: ModelConfig, length: int | None = None):
+        super().__init__()
+        self.eps = cfg.eps
+        self.length = length or cfg.d_model
+        self.w = nn.Parameter(torch.ones(self.length, dtype=cfg.dtype))
+        self.b = nn.Parameter(torch.zeros(self.length, dtype=cfg.dtype))
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, length]
+
+    def forward(self, x):
+        hooked = self.hook_scale.has_hooks() or self.hook_normalized.has_hooks()
+        if x.dtype in (torch.float32, torch.float64) and not hooked:
+            return F.layer_norm(x, (self.length,), self.w, self.b, self.eps)
+        dtype = x.dtype
+        x = x.float() if dtype not in (torch.float32, torch.float64) else x
+        x = x - x.mean(-1, keepdim=True)
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(x / scale).to(dtype) * self.w + self.b
+
+
+class RMSNorm(nn.Module):
+    """RMS norm (T5's, Llama's) with TL's hook points: x * rsqrt(mean(x^2) + eps) * w, the
+    mean in float32. One `F.rms_norm` kernel in float32 and float64 while no hook watches
+    `hook_scale` / `hook_normalized`; otherwise the step-by-step form that fills them."""
+
+    def __init__(self, cfg: ModelConfig, length: int | None = None):
+        super().__init__()
+        self.eps = cfg.eps
+        self.length = length or cfg.d_model
+        self.w = nn.Parameter(torch.ones(self.length, dtype=cfg.dtype))
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, length]
+
+    def forward(self, x):
+        if (
+            x.dtype in (torch.float32, torch.float64)
+            and not self.hook_scale.has_hooks()
+            and not self.hook_normalized.has_hooks()
+        ):
+            return F.rms_norm(x, (self.length,), self.w, self.eps)
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        scale = self.hook_scale(torch.sqrt(variance + self.eps))
+        normalized = self.hook_normalized((x.float() / scale).to(x.dtype))
+        return self.w * normalized
+
+
+NORMS = {"LN": LayerNorm, "RMS": RMSNorm}
+
+
+class MLP(nn.Module):
+    """act(x @ W_in + b_in) @ W_out + b_out; with `cfg.gated_mlp`,
+    (act(x @ W_gate) * (x @ W_in + b_in)) @ W_out + b_out (Llama's). Hooks: `hook_pre` (the
+    activation's input), `hook_pre_linear` (gated: the linear branch), `hook_post`."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.act_fn not in ACTIVATIONS:
+            raise ValueError(
+                f"unknown act_fn {cfg.act_fn!r}; choose one of {', '.join(ACTIVATIONS)}"
+            )
+        self.act = ACTIVATIONS[cfg.act_fn]
+        self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))
+        if cfg.gated_mlp:
+            self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=cfg.dtype))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype))
+        self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
+        if cfg.gated_mlp:
+            self.hook_pre_linear = HookPoint()  # [batch, pos, d_mlp]
+        self.hook_post = HookPoint()  # [batch, pos, d_mlp]
+
+    def forward(self, x):
+        linear = F.linear(x, self.W_in.T, self.b_in)
+        if hasattr(self, "W_gate"):
+            gate = self.hook_pre(x @ self.W_gate)
+            post = self.hook_post(self.act(gate) * self.hook_pre_linear(linear))
+        else:
+            post = self.hook_post(self.act(self.hook_pre(linear)))
+        return F.linear(post, self.W_out.T, self.b_out)
+
+
+class Embed(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=cfg.dtype))
+
+    def forward(self, tokens):
+        return self.W_E[tokens]
+
+
+class Unembed(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab_out, dtype=cfg.dtype))
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab_out, dtype=cfg.dtype))
+        self.hook_in = HookPoint()  # [batch, pos, d_model]
+        self.hook_out = HookPoint()  # [batch, pos, d_vocab]
+
+    def forward(self, residual):
+        return self.hook_out(F.linear(self.hook_in(residual), self.W_U.T, self.b_U))
+
+
+# --- KV cache ---------------------------------------------------------------------------------
+class KVCacheEntry:
+    """One layer's keys and values so far, [batch, pos, head, d_head] (keys before rotation:
+    a rotary layer rotates all of them at each step)."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, device):
+        shape = (batch, 0, cfg.n_heads, cfg.d_head)
+        self.past_keys = torch.empty(shape, device=device, dtype=cfg.dtype)
+        self.past_values = torch.empty(shape, device=device, dtype=cfg.dtype)
+
+    def append(self, keys, values):
+        self.past_keys = torch.cat([self.past_keys, keys], 1)
+        self.past_values = torch.cat([self.past_values, values], 1)
+        return self.past_keys, self.past_values
+
+
+class KVCache:
+    """Per-layer `KVCacheEntry`s and the attention mask of every position so far."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, device):
+        self.entries = [KVCacheEntry(cfg, batch, device) for _ in range(cfg.n_layers)]
+        self.previous_attention_mask = torch.empty(batch, 0, dtype=torch.long, device=device)
+
+    def __getitem__(self, layer: int) -> KVCacheEntry:
+        return self.entries[layer]
+
+    @property
+    def offset(self) -> int:
+        """Positions already cached."""
+        return self.entries[0].past_keys.size(1) if self.entries else 0
+
+    def append_attention_mask(self, attention_mask):
+        mask = attention_mask.to(self.previous_attention_mask.device)
+        self.previous_attention_mask = torch.cat([self.previous_attention_mask, mask], -1)
+        return self.previous_attention_mask
+
+
+# --- attention --------------------------------------------------------------------------------
 # Hook points whose value only the explicit path computes: a hook on any of them (a cache, a
 # patch, an ablation) makes the layer take the explicit path.
 EXPLICIT_HOOKS = ("hook_attn_scores", "hook_pattern", "hook_position_bias", "hook_logit_scale")
 
 
-class PEAttention(Attention):
-    """TL attention plus this layer's positional encoding: rotary (`rotary=True`), an additive
-    position bias computed for the current shape (`position_bias`), a logit scale per head
-    and query position (`logit_scale`, NoPE's temperature), attention-weight dropout.
+def _heads(x, W, b):
+    """x [batch, pos, d_model] @ W [head, d_model, d_head] + b [head, d_head]
+    -> [batch, pos, head, d_head], as one matmul."""
+    n_heads, d_model, d_head = W.shape
+    weight = W.permute(0, 2, 1).reshape(n_heads * d_head, d_model)
+    return F.linear(x, weight, b.reshape(-1)).unflatten(-1, (n_heads, d_head))
+
+
+class PEAttention(nn.Module):
+    """Causal multi-head attention with TL's parameters (W_Q, W_K, W_V [head, d_model,
+    d_head], W_O [head, d_head, d_model], b_Q, b_K, b_V [head, d_head], b_O [d_model]) and hook
+    points (hook_q, hook_k, hook_v, hook_attn_scores, hook_pattern, hook_z), plus this layer's
+    positional encoding: rotary (`RotaryAttention`, rotary.py; hook_rot_q, hook_rot_k), an
+    additive position bias computed for the current shape (`position_bias`; its value in
+    hook_position_bias), a logit scale per head and query position (`logit_scale`, NoPE's
+    temperature; hook_logit_scale), attention-weight dropout.
 
     The bias module is owned by the model (so T5's table can be shared by all layers) and is
     kept here in a list, outside the module tree, so the state dict holds it once.
 
-    `forward` is TL 3.9's for our configurations minus the NaN clean-up pass after the
-    softmax where no row can be fully masked, and minus a copy of W_O per call. Same hook
-    points, same values; with any TL feature it does not cover (e.g. `use_attn_result`), TL's
-    own forward runs. When no hook watches the scores, the pattern or the position terms
-    (`fused_ok`), the scores and pattern are never materialised here: attention runs through
-    `F.scaled_dot_product_attention` with the bias and masks as one additive mask.
+    When no hook watches the scores, the pattern or the position terms (`fused_ok`), the
+    scores and pattern are never materialised: attention runs through
+    `F.scaled_dot_product_attention` with the bias and masks as one additive mask. Otherwise
+    the explicit path: scores -> causal and padding mask (-inf) -> softmax -> pattern @ v.
     """
 
     fused = True  # class switch, for tests and benchmarks of the explicit path
+    softmax_fp32 = False  # softmax in float32 whatever the scores' dtype (T5's; arch="t5")
 
     def __init__(
-        self,
-        cfg,
-        attn_type="global",
-        layer_id=None,
-        position_bias=None,
-        rotary=False,
-        logit_scale=None,
-        dropout=0.0,
+        self, cfg: ModelConfig, layer_id=None, position_bias=None, logit_scale=None, dropout=0.0
     ):
-        super().__init__(cfg, attn_type, layer_id)
+        super().__init__()
+        self.cfg, self.layer_id, self.dropout = cfg, layer_id, dropout
+        heads, d_model, d_head = cfg.n_heads, cfg.d_model, cfg.d_head
+        self.W_Q = nn.Parameter(torch.empty(heads, d_model, d_head, dtype=cfg.dtype))
+        self.W_O = nn.Parameter(torch.empty(heads, d_head, d_model, dtype=cfg.dtype))
+        self.b_Q = nn.Parameter(torch.zeros(heads, d_head, dtype=cfg.dtype))
+        self.b_O = nn.Parameter(torch.zeros(d_model, dtype=cfg.dtype))
+        self.W_K = nn.Parameter(torch.empty(heads, d_model, d_head, dtype=cfg.dtype))
+        self.W_V = nn.Parameter(torch.empty(heads, d_model, d_head, dtype=cfg.dtype))
+        self.b_K = nn.Parameter(torch.zeros(heads, d_head, dtype=cfg.dtype))
+        self.b_V = nn.Parameter(torch.zeros(heads, d_head, dtype=cfg.dtype))
+        self.attn_scale = cfg.attn_scale
+        self.hook_k = HookPoint()  # [batch, key_pos, head_index, d_head]
+        self.hook_q = HookPoint()  # [batch, query_pos, head_index, d_head]
+        self.hook_v = HookPoint()  # [batch, key_pos, head_index, d_head]
+        self.hook_z = HookPoint()  # [batch, query_pos, head_index, d_head]
+        self.hook_attn_scores = HookPoint()  # [batch, head_index, query_pos, key_pos]
+        self.hook_pattern = HookPoint()  # [batch, head_index, query_pos, key_pos]
         self._position_bias = [position_bias]
-        self.rotary = rotary
-        self.dropout = dropout
         if position_bias is not None:
             self.hook_position_bias = HookPoint()  # [1, head_index, query_pos, key_pos]
         if logit_scale is not None:
@@ -123,11 +291,11 @@ class PEAttention(Attention):
             self.hook_logit_scale = HookPoint()  # [batch or 1, head_index, query_pos, 1]
         self._query_positions = None
 
+    rotary = False  # RotaryAttention: q and k rotated
+
     # --- positional terms ----------------------------------------------------------------
     def apply_rotary(self, x, past_kv_pos_offset=0, attention_mask=None):
-        if not self.rotary:  # a non-rotary layer of a model whose other layers rotate
-            return x
-        return super().apply_rotary(x, past_kv_pos_offset, attention_mask)
+        return x  # RotaryAttention rotates
 
     def position_bias(self, q_len, k_len):
         bias_fn = self._position_bias[0]
@@ -168,8 +336,11 @@ class PEAttention(Attention):
             positions = get_offset_position_ids(offset, attention_mask).to(self.W_Q.device)
         return self.hook_logit_scale(self.logit_scale(positions))
 
-    def calculate_attention_scores(self, q, k):
-        scores = super().calculate_attention_scores(q, k)
+    # --- the explicit path -----------------------------------------------------------------
+    def attention_scores(self, q, k):
+        """Logits [batch, head, q_len, k_len]: q.k / attn_scale, times the logit scale, plus
+        the position bias."""
+        scores = q.permute(0, 2, 1, 3) @ k.permute(0, 2, 3, 1) / self.attn_scale
         q_len, k_len = scores.shape[-2], scores.shape[-1]
         scale = self.query_scale(q_len, k_len, self._query_positions)
         if scale is not None:
@@ -181,10 +352,13 @@ class PEAttention(Attention):
 
     def masked_scores(self, q, k, offset, attention_mask):
         """Logits [batch, head, q_len, k_len] with the PE terms and the causal and padding
-        masks, for queries at offset..offset+q_len-1 (what `hook_attn_scores` sees)."""
-        return self.apply_causal_mask(self.calculate_attention_scores(q, k), offset, attention_mask)
-
-    softmax_fp32 = False  # softmax in float32 whatever the scores' dtype (T5's; arch="t5")
+        masks (-inf), for queries at offset..offset+q_len-1 (what `hook_attn_scores` sees)."""
+        scores = self.attention_scores(q, k)
+        visible = relative_distance(scores.shape[-2], scores.shape[-1], scores.device) >= 0
+        visible = visible[None, None]
+        if attention_mask is not None:
+            visible = visible & attention_mask[:, None, None, :].bool().to(scores.device)
+        return scores.masked_fill(~visible, -torch.inf)
 
     def softmax_pattern(self, scores, empty_rows: bool):
         if self.softmax_fp32 and scores.dtype not in (torch.float32, torch.float64):
@@ -219,68 +393,30 @@ class PEAttention(Attention):
         return scores, self.softmax_pattern(scores, self.empty_rows(mask))
 
     def rows_supported(self) -> bool:
-        """Whether `attention_rows` gives what `forward` computes: the lean forward runs and
-        no hook (a patch, an ablation) changes the scores, pattern or position terms."""
-        return not self.tl_forward_needed(None, None) and not self.explicit_hooks_attached()
+        """Whether `attention_rows` gives what `forward` computes: no hook (a patch, an
+        ablation) changes the scores, pattern or position terms."""
+        return not self.explicit_hooks_attached()
 
     def explicit_hooks_attached(self) -> bool:
         return any(getattr(self, n).has_hooks() for n in EXPLICIT_HOOKS if hasattr(self, n))
 
     def empty_rows(self, attention_mask) -> bool:
-        # Key 0 is visible to every query, so only a masked key 0 (left padding) or a local
-        # window can leave a row with no visible key, whose softmax is NaN: TL zeroes those.
-        return attention_mask is not None and (
-            self.attn_type == "local" or not bool(attention_mask[:, 0].all())
-        )
-
-    # --- forward -------------------------------------------------------------------------
-    def tl_forward_needed(self, additive_attention_mask, position_bias) -> bool:
-        cfg = self.cfg
-        return (
-            additive_attention_mask is not None
-            or position_bias is not None
-            or cfg.clip_qkv is not None
-            or cfg.original_architecture is not None
-            or cfg.positional_embedding_type not in ("standard", "rotary")
-            or (self._attention_dir_override or cfg.attention_dir) != "causal"
-            or any(getattr(cfg, flag) for flag in _TL_FORWARD_FLAGS)
-        )
+        # Key 0 is visible to every query, so only a masked key 0 (left padding) can leave a
+        # row with no visible key, whose softmax is NaN: it is zeroed.
+        return attention_mask is not None and not bool(attention_mask[:, 0].all())
 
     def fused_ok(self) -> bool:
-        """The allowlist of the fused path: a global causal layer, no score soft-cap, and no
-        hook on a value only the explicit path computes. Anything else: explicit path."""
-        return (
-            self.fused
-            and self.attn_type == "global"
-            and not (self.cfg.attn_scores_soft_cap or 0) > 0
-            and not self.explicit_hooks_attached()
-        )
+        """The allowlist of the fused path: no hook on a value only the explicit path
+        computes. Anything else: explicit path."""
+        return self.fused and not self.explicit_hooks_attached()
 
-    def forward(
-        self,
-        query_input,
-        key_input,
-        value_input,
-        past_kv_cache_entry=None,
-        additive_attention_mask=None,
-        attention_mask=None,
-        position_bias=None,
-    ):
-        self._query_positions = attention_mask
-        if self.tl_forward_needed(additive_attention_mask, position_bias):
-            out = super().forward(
-                query_input,
-                key_input,
-                value_input,
-                past_kv_cache_entry,
-                additive_attention_mask,
-                attention_mask,
-                position_bias,
-            )
-            self._query_positions = None
-            return out
-        cfg = self.cfg
-        q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)
+    # --- forward -------------------------------------------------------------------------
+    def forward(self, x, past_kv_cache_entry=None, attention_mask=None):
+        """x [batch, pos, d_model] (ln1's output) -> [batch, pos, d_model]. With a KV cache
+        entry, x holds the new positions and `attention_mask` covers every position."""
+        q = self.hook_q(_heads(x, self.W_Q, self.b_Q))
+        k = self.hook_k(_heads(x, self.W_K, self.b_K))
+        v = self.hook_v(_heads(x, self.W_V, self.b_V))
         offset = 0
         if past_kv_cache_entry is not None:
             offset = past_kv_cache_entry.past_keys.size(1)
@@ -288,20 +424,24 @@ class PEAttention(Attention):
         if self.rotary:
             q = self.hook_rot_q(self.apply_rotary(q, offset, attention_mask))
             k = self.hook_rot_k(self.apply_rotary(k, 0, attention_mask))  # keys are cached
-        empty_rows = self.empty_rows(attention_mask)
-        if self.fused_ok():
-            z = self.hook_z(self.fused_z(q, k, v, offset, attention_mask, empty_rows))
-        else:
-            scores = self.hook_attn_scores(self.masked_scores(q, k, offset, attention_mask))
-            pattern = self.hook_pattern(self.softmax_pattern(scores, empty_rows))
-            if self.dropout and self.training:
-                pattern = F.dropout(pattern, self.dropout, training=True)
-            z = self.calculate_z_scores(v, pattern)  # [batch, pos, head, d_head]
-        self._query_positions = None
-        w_o = self.W_O.reshape(cfg.n_heads * cfg.d_head, cfg.d_model)  # a view: no copy
-        return F.linear(z.reshape(*z.shape[:2], -1), w_o.T, self.b_O)
+        self._query_positions = attention_mask
+        try:
+            empty_rows = self.empty_rows(attention_mask)
+            if self.fused_ok():
+                z = self.fused_z(q, k, v, attention_mask, empty_rows)
+            else:
+                scores = self.hook_attn_scores(self.masked_scores(q, k, offset, attention_mask))
+                pattern = self.hook_pattern(self.softmax_pattern(scores, empty_rows))
+                if self.dropout and self.training:
+                    pattern = F.dropout(pattern, self.dropout, training=True)
+                z = (pattern @ v.transpose(1, 2)).transpose(1, 2)
+        finally:
+            self._query_positions = None
+        z = self.hook_z(z)  # [batch, pos, head, d_head]
+        w_o = self.W_O.reshape(-1, self.cfg.d_model)  # [head * d_head, d_model], a view
+        return F.linear(z.flatten(-2), w_o.T, self.b_O)
 
-    def fused_z(self, q, k, v, offset, attention_mask, empty_rows):
+    def fused_z(self, q, k, v, attention_mask, empty_rows):
         """z [batch, query, head, d_head] through scaled_dot_product_attention: the same
         computation as scores -> causal/padding mask -> softmax -> @ v."""
         q_len, k_len = q.shape[1], k.shape[1]
@@ -323,7 +463,7 @@ class PEAttention(Attention):
         else:
             visible = visible[None, None]
         # a large finite negative, not -inf: a row with no visible key (left padding) must
-        # not give NaN (its output is zeroed below, as TL zeroes its pattern)
+        # not give NaN (its output is zeroed below, as the explicit path zeroes its pattern)
         low = torch.finfo(q.dtype).min
         if bias is None:
             mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
@@ -363,94 +503,62 @@ class LayerPE:
         return {}
 
 
-class FusedLayerNorm(LayerNorm):
-    """TL's LayerNorm as one `F.layer_norm` kernel (same formula: biased variance, eps inside
-    the square root), unless a hook watches its internals (`hook_scale`, `hook_normalized`):
-    then TL's step-by-step forward runs, so caching and patching those points work as before.
-    """
+class PEBlock(nn.Module):
+    """A pre-norm block: resid_mid = x + attn(ln1(x)), resid_post = resid_mid +
+    mlp(ln2(resid_mid)), with dropout on the attention and MLP outputs before each is added to
+    the residual stream (as T5's decoder layers do; `dropout`, in training mode only).
+    hook_attn_out and hook_mlp_out see the outputs before dropout."""
 
-    def forward(self, x):
-        if (
-            self.cfg.dtype not in (torch.float32, torch.float64)
-            or self.hook_scale.has_hooks()
-            or self.hook_normalized.has_hooks()
-        ):
-            return super().forward(x)
-        return F.layer_norm(x, (self.length,), self.w, self.b, self.eps)
-
-
-class PEBlock(TransformerBlock):
-    """TL's pre-LN block, with ln1 computed once and fed to q, k and v, and dropout on the
-    attention and MLP outputs before each is added to the residual stream (as T5's decoder
-    layers do; `dropout`, active in training mode only).
-
-    TL 3.9 computes `ln1(x)` three times (and adds 0.0 to two of them) so that split-qkv
-    inputs can differ; ours never do unless a user turns on `use_split_qkv_input` or
-    `use_attn_in`, and then TL's own forward runs (without dropout). Same hook points, same
-    values (hook_attn_out and hook_mlp_out see the output before dropout).
-    """
-
-    def __init__(self, cfg, block_index, dropout=0.0):
-        super().__init__(cfg, block_index)
+    def __init__(self, cfg: ModelConfig, block_index: int, dropout: float = 0.0):
+        super().__init__()
         self.dropout = dropout
-        if type(self.ln1) is LayerNorm:
-            self.ln1, self.ln2 = FusedLayerNorm(cfg), FusedLayerNorm(cfg)
+        self.ln1 = NORMS[cfg.normalization_type](cfg)
+        self.ln2 = NORMS[cfg.normalization_type](cfg)
+        self.attn = PEAttention(cfg, block_index)  # the model installs its layer's PE
+        self.mlp = MLP(cfg)
+        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
-    def forward(
-        self, resid_pre, shortformer_pos_embed=None, past_kv_cache_entry=None, attention_mask=None
-    ):
-        cfg = self.cfg
-        if (
-            cfg.use_attn_in
-            or cfg.use_split_qkv_input
-            or shortformer_pos_embed is not None
-            or cfg.parallel_attn_mlp
-            or cfg.attn_only
-            or cfg.use_normalization_before_and_after
-        ):
-            return super().forward(
-                resid_pre, shortformer_pos_embed, past_kv_cache_entry, attention_mask
-            )
+    def forward(self, resid_pre, past_kv_cache_entry=None, attention_mask=None):
         p = self.dropout if self.training else 0.0
         resid_pre = self.hook_resid_pre(resid_pre)
-        normalized = self.ln1(resid_pre)
         attn_out = self.hook_attn_out(
-            self.attn(
-                query_input=normalized,
-                key_input=normalized,
-                value_input=normalized,
-                past_kv_cache_entry=past_kv_cache_entry,
-                attention_mask=attention_mask,
-            )
+            self.attn(self.ln1(resid_pre), past_kv_cache_entry, attention_mask)
         )
         if p:
             attn_out = F.dropout(attn_out, p, training=True)
         resid_mid = self.hook_resid_mid(resid_pre + attn_out)
-        mlp_in = self.hook_mlp_in(resid_mid.clone()) if cfg.use_hook_mlp_in else resid_mid
-        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(mlp_in)))
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid)))
         if p:
             mlp_out = F.dropout(mlp_out, p, training=True)
         return self.hook_resid_post(resid_mid + mlp_out)
 
 
-class PETransformer(HookedTransformer):
-    """HookedTransformer with a positional encoding per layer; see the module docstring.
+# --- the model --------------------------------------------------------------------------------
+class PETransformer(HookedRootModule):
+    """A decoder-only transformer with a positional encoding per layer; see the module
+    docstring.
 
+    `cfg`: a `ModelConfig`; `tokenizer`: a transformers tokenizer (or None: token ids only);
     `layer_pes`: the PE registry (name -> `LayerPE`, `nopeinterp.models.registry.LAYER_PES`),
     and `arch_layouts` (arch -> the function that lays the blocks out, `ARCH_LAYOUTS`), handed
     in by the builder so this base never imports the modules built on it;
     `layer_pe`: each layer's `LayerPE` name; `pe_options`: the options of every PE used
-    (each PE takes its own keys); `dropout`: see `PEBlock` (also on the embeddings and the
-    attention weights); `arch`: "default" (TL's pre-LayerNorm block with biases) or "t5" (the
-    paper's T5 decoder layout, `nopeinterp.models.t5_arch`).
+    (each PE takes its own keys); `dropout`: on the embeddings, the attention weights and the
+    attention and MLP outputs, in training mode; `arch`: "default" (pre-LayerNorm blocks with
+    biases) or "t5" (the paper's T5 decoder layout, `nopeinterp.models.t5_arch`).
     """
 
     pe: str = ""
     absolute_embedding = False
+    layer_pe_default = "nope"
 
     def __init__(
         self,
-        cfg: HookedTransformerConfig,
+        cfg: ModelConfig,
         tokenizer=None,
         *,
         layer_pes: Mapping[str, LayerPE],
@@ -460,42 +568,41 @@ class PETransformer(HookedTransformer):
         arch_layouts: Mapping | None = None,
         **pe_options,
     ):
+        super().__init__()
         layer_pe = list(layer_pe or [self.layer_pe_default] * cfg.n_layers)
         specs = [layer_pes[name] for name in layer_pe]
         cfg.positional_embedding_type = (
             "rotary" if any(spec.rotary for spec in specs) else "standard"
         )
-        if tokenizer is not None and tokenizer.bos_token is not None and not adds_bos(tokenizer):
-            # TransformerLens sets bos_token = eos_token on a tokenizer that adds no start token
-            # (a task built with bos=False); given such a tokenizer again (a second model from
-            # this one's tokenizer), it would fetch a "bos-enabled" copy from the Hub. A copy
-            # without bos_token is kept as it is.
-            tokenizer = copy.deepcopy(tokenizer)
-            tokenizer.bos_token = None
-        with tl_deprecation_silenced():
-            super().__init__(cfg, tokenizer=tokenizer)
+        self.cfg = cfg
+        self.tokenizer = None
+        if tokenizer is not None:
+            self.set_tokenizer(tokenizer)
         self.layer_pe = layer_pe
         self.dropout = dropout
         self.arch = arch
         self.pe_options = self.resolve_pe_options(specs, pe_options)
-        # Same modules and state-dict keys as TL's, with a faster path (PEBlock, PEAttention).
+
+        self.embed = Embed(cfg)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        if self.absolute_embedding:
+            self.pos_embed = self.make_pos_embed()
+            self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(PEBlock(cfg, i, dropout) for i in range(cfg.n_layers))
-        if type(self.ln_final) is LayerNorm:
-            self.ln_final = FusedLayerNorm(cfg)
-        if not self.absolute_embedding and hasattr(self, "pos_embed"):
-            # No unused W_pos in the state dict, and nothing added to the residual stream.
-            del self.pos_embed, self.hook_pos_embed
-        self.configure_positional_encoding()
+        self.ln_final = NORMS[cfg.normalization_type](cfg)
+        self.unembed = Unembed(cfg)
         self.install_layer_pes(specs)
-        # TL initialised the stock modules; re-run it (same seed) so replaced ones are set too.
         if cfg.init_weights:  # False: the caller loads every weight
             self.init_weights()
         if arch != "default":  # e.g. t5: T5's norm, MLP, tied output, no biases; T5's init
             (arch_layouts or {})[arch](self)
-        self.setup()  # re-name hook points after the module swaps
+        self.setup()  # name the hook points (HookedRootModule)
         self.eval()
 
-    layer_pe_default = "nope"
+    def make_pos_embed(self) -> nn.Module:
+        """For absolute embeddings: the `pos_embed` module, forward(tokens, past_kv_pos_offset,
+        attention_mask) -> [batch, pos, d_model]."""
+        raise NotImplementedError
 
     def resolve_pe_options(self, specs, options) -> dict:
         """Each distinct layer PE takes its own option keys; unknown keys are an error."""
@@ -510,9 +617,6 @@ class PETransformer(HookedTransformer):
             used = ", ".join(dict.fromkeys(spec.name for spec in specs))
             raise TypeError(f"pe={self.pe!r} (layers: {used}) takes no options {left}")
         return resolved
-
-    def configure_positional_encoding(self) -> None:
-        """For absolute embeddings: install `pos_embed`. Default: nothing."""
 
     def install_layer_pes(self, specs) -> None:
         """Give every block a `PEAttention` with its layer's PE; bias modules live on the model
@@ -533,43 +637,163 @@ class PETransformer(HookedTransformer):
         for layer, (block, spec) in enumerate(zip(self.blocks, specs, strict=True)):
             block.attn = (spec.attention_cls or PEAttention)(
                 self.cfg,
-                "global",
                 layer,
                 position_bias=bias_of_layer.get(layer),
-                rotary=spec.rotary,
                 dropout=self.dropout,
                 **spec.attention_kwargs(self.cfg, self.pe_options),
             )
 
-    # --- TL overrides ---------------------------------------------------------------------
-    def forward(self, *args, **kwargs):
+    def init_weights(self) -> None:
+        """Every weight matrix (a parameter named W_*) drawn from N(0, cfg.initializer_range),
+        in parameter order, after seeding torch with cfg.seed; norms 1, biases 0 (TL's GPT-2
+        scheme, so a seed gives the weights it gave when these models were TL's)."""
+        if self.cfg.seed is not None:
+            torch.manual_seed(self.cfg.seed)
+        for name, param in self.named_parameters():
+            if "W_" in name:
+                nn.init.normal_(param, std=self.cfg.initializer_range)
+
+    # --- forward ---------------------------------------------------------------------------
+    def forward(
+        self,
+        input,
+        *,
+        attention_mask=None,
+        past_kv_cache: KVCache | None = None,
+        stop_at_layer: int | None = None,
+        start_at_layer: int | None = None,
+        return_type: str | None = "logits",
+    ):
+        """Logits [batch, pos, d_vocab] of `input` (token ids [batch, pos] or [pos], a text or
+        a list of texts; with `start_at_layer`, the residual stream before that block).
+
+        `attention_mask` [batch, pos]: 1 on real tokens, 0 on padding (left or right);
+        `past_kv_cache` (`init_kv_cache`): the positions before `input` (their mask is kept
+        in the cache); `stop_at_layer=i`: the residual stream before block i instead of the
+        logits (blocks i.. are not run); `return_type=None`: nothing (after every block).
+        """
         biases = [m for m in self.modules() if isinstance(m, PositionBias)]
         for module in biases:
             module.memo = {}
         try:
-            return super().forward(*args, **kwargs)
+            if start_at_layer is None:
+                residual, attention_mask = self.embed_input(input, attention_mask, past_kv_cache)
+            else:
+                residual = input
+            for i, block in list(enumerate(self.blocks))[start_at_layer:stop_at_layer]:
+                entry = past_kv_cache[i] if past_kv_cache is not None else None
+                residual = block(residual, entry, attention_mask)
+            if stop_at_layer is not None:
+                return residual
+            residual = self.ln_final(residual)
+            return None if return_type is None else self.unembed(residual)
         finally:
             for module in biases:
                 module.memo = None
 
-    def get_residual(self, embed, pos_offset, *args, return_shortformer_pos_embed=True, **kwargs):
+    def embed_input(self, input, attention_mask, past_kv_cache):
+        """(residual stream before block 0, attention mask over every position or None)."""
+        tokens = self.to_tokens(input) if isinstance(input, str | list) else input
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        tokens = tokens.to(self.embed.W_E.device)
+        if past_kv_cache is not None:
+            if attention_mask is None:
+                attention_mask = torch.ones_like(tokens)
+            attention_mask = past_kv_cache.append_attention_mask(attention_mask)
+        elif attention_mask is not None:
+            attention_mask = attention_mask.to(tokens.device)
+        offset = 0 if past_kv_cache is None else past_kv_cache.offset
+        residual = self.hook_embed(self.embed(tokens))
         if self.absolute_embedding:
-            residual, extra = super().get_residual(
-                embed, pos_offset, *args, return_shortformer_pos_embed=True, **kwargs
-            )
-        else:
-            residual, extra = embed, None
+            pos = self.hook_pos_embed(self.pos_embed(tokens, offset, attention_mask))
+            residual = residual + pos
         if self.dropout and self.training:
             residual = F.dropout(residual, self.dropout, training=True)
-        return (residual, extra) if return_shortformer_pos_embed else residual
+        return residual, attention_mask
 
-    def move_model_modules_to_device(self):
-        # TL's version assumes pos_embed exists unless the PE is rotary.
-        for name in ("embed", "hook_embed", "pos_embed", "hook_pos_embed", "ln_final", "unembed"):
-            if hasattr(self, name):
-                getattr(self, name).to(self.cfg.device)
-        for block in self.blocks:
-            block.to(self.cfg.device)
+    def run_with_cache(self, *args, return_cache_object=True, remove_batch_dim=False, **kwargs):
+        """(output, ActivationCache) of a forward with every hook point (or those of
+        `names_filter`) cached: HookedRootModule's, with TL's cache object (a plain dict
+        with `return_cache_object=False`)."""
+        out, cache = super().run_with_cache(*args, remove_batch_dim=remove_batch_dim, **kwargs)
+        if return_cache_object:
+            cache = ActivationCache(cache, self, has_batch_dim=not remove_batch_dim)
+        return out, cache
+
+    def init_kv_cache(self, batch: int) -> KVCache:
+        """An empty KV cache for `batch` sequences, for `forward(..., past_kv_cache=)`."""
+        return KVCache(self.cfg, batch, self.embed.W_E.device)
+
+    # --- tokens ----------------------------------------------------------------------------
+    def set_tokenizer(self, tokenizer) -> None:
+        """Attach `tokenizer` as it is (nothing re-loaded or changed)."""
+        self.tokenizer = tokenizer
+        self.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
+
+    def to_tokens(self, input, prepend_bos: bool | None = None, truncate: bool = True):
+        """Token ids [batch, pos] of a text or a list of texts (padded on the tokenizer's
+        side), with <bos> first if `prepend_bos` (default cfg.default_prepend_bos)."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: give it token ids")
+        bos = self.cfg.default_prepend_bos if prepend_bos is None else prepend_bos
+        if bos and not self.cfg.tokenizer_prepends_bos:
+            start = self.tokenizer.bos_token
+            input = start + input if isinstance(input, str) else [start + t for t in input]
+        tokens = self.tokenizer(
+            input,
+            return_tensors="pt",
+            padding=True,
+            truncation=truncate,
+            max_length=self.cfg.n_ctx if truncate else None,
+        )["input_ids"]
+        if not bos and self.cfg.tokenizer_prepends_bos:
+            tokens = tokens[:, 1:]
+        return tokens.to(self.cfg.device)
+
+    def to_str_tokens(self, input, prepend_bos: bool | None = None):
+        """The tokens of a text (or of ids [pos] / [1, pos]) as strings; a list: one each."""
+        if isinstance(input, list):
+            return [self.to_str_tokens(item, prepend_bos) for item in input]
+        if isinstance(input, str):
+            ids = self.to_tokens(input, prepend_bos)[0]
+        else:
+            ids = torch.as_tensor(input).reshape(-1)
+        return self.tokenizer.batch_decode(
+            [[int(t)] for t in ids.tolist()], clean_up_tokenization_spaces=False
+        )
+
+    def to_string(self, tokens):
+        """The text of ids [pos], or a list of texts of ids [batch, pos]."""
+        tokens = torch.as_tensor(tokens)
+        if tokens.ndim == 2:
+            return self.tokenizer.batch_decode(tokens, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(tokens, clean_up_tokenization_spaces=False)
+
+    # --- weights, devices ------------------------------------------------------------------
+    @property
+    def W_E(self) -> torch.Tensor:
+        return self.embed.W_E
+
+    @property
+    def W_U(self) -> torch.Tensor:
+        return self.unembed.W_U
+
+    def to(self, *args, **kwargs):
+        """nn.Module.to, keeping cfg.device and cfg.dtype the model's (the analyses place
+        their tokens on cfg.device)."""
+        device, dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None:
+            self.cfg.device = device
+        if dtype is not None:
+            self.cfg.dtype = dtype
+        return super().to(*args, **kwargs)
+
+    def cuda(self, device=None):
+        return self.to(torch.device("cuda") if device is None else torch.device("cuda", device))
+
+    def cpu(self):
+        return self.to(torch.device("cpu"))
 
     def extra_repr(self) -> str:
         mixed = len(set(self.layer_pe)) > 1

@@ -28,6 +28,7 @@ rotary fraction and base; `model.hf_architecture` the transformers class name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pickle
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from nopeinterp._tl import (
 )
 from nopeinterp.models.alibi import alibi_slopes
 from nopeinterp.models.codellm import CodeLLMError, from_codellm, is_codellm_dir
+from nopeinterp.models.config import ModelConfig
 from nopeinterp.models.context import DEFAULT_MAX_CTX, HFModelError, _ctx
 
 # Rotary and ALiBi models have no hard length limit, but TL keeps an n_ctx x n_ctx causal mask
@@ -63,25 +65,30 @@ _ACTIVATIONS = {
 }
 
 
-class BloomAttention(Attention):
-    """TL attention with BLOOM's ALiBi slopes for any number of heads.
+@functools.cache
+def _bloom_attention():
+    """TL 3.9 attention with BLOOM's ALiBi slopes for any number of heads.
 
     TL 3.9 computes ALiBi slopes for a power-of-two head count only (BLOOM-176B has 112
     heads); its forward caches `self.alibi` and rebuilds it when a longer input comes. Every
     tensor it stores there is rebuilt here, same shape, with `alibi_slopes` (BLOOM's rule).
+    (A function: the class exists under TL 3.9 only.)
     """
 
-    @property
-    def alibi(self):
-        return self._alibi
+    class BloomAttention(Attention):
+        @property
+        def alibi(self):
+            return self._alibi
 
-    @alibi.setter
-    def alibi(self, value):
-        if value is not None:
-            distance = Attention.create_alibi_slope(value.size(-1), value.device)  # -(q - k)
-            slopes = alibi_slopes(self.cfg.n_heads).to(value.device, value.dtype)
-            value = slopes[:, None, None] * distance.to(value.dtype)
-        self._alibi = value
+        @alibi.setter
+        def alibi(self, value):
+            if value is not None:
+                distance = Attention.create_alibi_slope(value.size(-1), value.device)  # -(q - k)
+                slopes = alibi_slopes(self.cfg.n_heads).to(value.device, value.dtype)
+                value = slopes[:, None, None] * distance.to(value.dtype)
+            self._alibi = value
+
+    return BloomAttention
 
 
 @dataclass(frozen=True)
@@ -254,7 +261,7 @@ _SCALINGS = {  # RoPE scalings whose logits match transformers' (tests/test_hf.p
 # The HookedTransformerConfig fields our own per-layer model takes from a converted config.
 _OWN_MODEL_CFG = (
     "d_model d_head n_heads d_mlp n_layers n_ctx eps d_vocab act_fn normalization_type "
-    "final_rms gated_mlp rotary_dim rotary_base rotary_adjacent_pairs dtype default_prepend_bos"
+    "gated_mlp rotary_dim rotary_base rotary_adjacent_pairs dtype default_prepend_bos"
 ).split()
 
 FAMILIES: dict[str, _Family] = {
@@ -416,7 +423,7 @@ def from_hf(
             model = HookedTransformer(cfg, move_to_device=False)
         if family.pe == "alibi":
             for layer, block in enumerate(model.blocks):
-                block.attn = BloomAttention(cfg, "global", layer)
+                block.attn = _bloom_attention()(cfg, "global", layer)
             model.setup()  # re-name the hook points of the new modules
         if "pos_embed" in model._modules and "pos_embed.W_pos" not in state_dict:
             state_dict["pos_embed.W_pos"] = torch.zeros_like(model.pos_embed.W_pos)  # unused
@@ -457,7 +464,7 @@ def _finish(model, tokenizer, arch: str, hf_config=None):
     return model.eval()
 
 
-def _per_layer_model(hf_config, cfg: HookedTransformerConfig, state_dict: dict):
+def _per_layer_model(hf_config, cfg, state_dict: dict):
     """SmolLM3 as our own per-layer model: `no_rope_layers[i]` 1 -> "rotary", 0 -> "nope".
 
     Our attention has one K/V head per query head, so grouped K/V weights are repeated per
@@ -474,8 +481,7 @@ def _per_layer_model(hf_config, cfg: HookedTransformerConfig, state_dict: dict):
             f"{cfg.n_layers} layers"
         )
     kwargs = {k: v for k, v in cfg.to_dict().items() if k in _OWN_MODEL_CFG}
-    kwargs.update(n_key_value_heads=None, original_architecture=None, device="cpu")
-    own_cfg = HookedTransformerConfig(**kwargs)
+    own_cfg = ModelConfig(**kwargs, init_weights=False)  # every weight is loaded below
     pe = "rotary" if "rotary" in layer_pe else "nope"
     options, scaling = {}, None
     if pe == "rotary":
@@ -497,14 +503,9 @@ def _per_layer_model(hf_config, cfg: HookedTransformerConfig, state_dict: dict):
             key, value = f"{block}.{name[1:]}", value.repeat_interleave(repeat, dim=0)
         own[key] = value
     missing, unexpected = model.load_state_dict(own, strict=False)
-    # our per-layer model keeps TL's buffers (masks, rotary tables) out of the converted dict
-    if unexpected or any(not _is_buffer(model, key) for key in missing):
+    if unexpected or missing:
         raise HFModelError(f"SmolLM3ForCausalLM: weights do not fit ({missing}, {unexpected})")
-    return model.to(cfg.device, print_details=False)
-
-
-def _is_buffer(model, key: str) -> bool:
-    return key in dict(model.named_buffers())
+    return model.to(cfg.device)
 
 
 __all__ = ["DEFAULT_MAX_CTX", "SUPPORTED_ARCHITECTURES", "HFModelError", "from_hf"]

@@ -1,9 +1,9 @@
-"""Rotary (RoPE), as TransformerLens implements it, on a fraction of each head's dims, with
-optional RoPE scaling for inputs longer than the training context.
+"""Rotary (RoPE) on a fraction of each head's dims, with optional RoPE scaling for inputs
+longer than the training context.
 
-The paper rotates the first 25% of each head's dimensions with base 10000. TL caps its sin/cos
-table at n_ctx and then fails on longer inputs; we grow the table instead, since rotary itself
-has no length limit.
+The paper rotates the first 25% of each head's dimensions with base 10000. The sin/cos table
+grows with the input, since rotary itself has no length limit (TL 3.9 caps its table at n_ctx
+and then fails on longer inputs).
 
 RoPE scaling (`rope_scaling`, spelled as transformers' `rope_parameters`): "linear" (position
 interpolation), "dynamic" (dynamic NTK: the base grows with the current length past
@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from nopeinterp._tl import Attention
+from nopeinterp._tl import HookPoint, get_offset_position_ids
 from nopeinterp.models.base import LayerPE, PEAttention, PETransformer
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn")
@@ -121,57 +121,81 @@ def rope_frequencies(
 
 
 class RotaryAttention(PEAttention):
-    """TL's rotary on this layer's q and k, with a table that grows past n_ctx and, with
-    `rope_scaling`, frequencies and attention factor from `rope_frequencies`."""
+    """Rotary on the first cfg.rotary_dim dims of each head's q and k (GPT-NeoX's halves, or
+    GPT-J's adjacent pairs with cfg.rotary_adjacent_pairs), positions counted from each
+    sequence's first real token under left padding. The sin/cos table grows with the input
+    (rotary itself has no length limit); with `rope_scaling`, its frequencies and attention
+    factor are `rope_frequencies`'."""
+
+    rotary = True
 
     def __init__(self, *args, rope_scaling=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.hook_rot_k = HookPoint()  # [batch, key_pos, head_index, d_head]
+        self.hook_rot_q = HookPoint()  # [batch, query_pos, head_index, d_head]
         self.rope_scaling = rope_scaling
-        self._table_key = None  # what the current table was built for (None: TL's own)
+        self._table_key = None  # what the current table was built for
+        self.register_buffer("rotary_sin", torch.empty(0), persistent=False)
+        self.register_buffer("rotary_cos", torch.empty(0), persistent=False)
+        self._build_table(self.cfg.n_ctx, None)
 
     def set_rope_scaling(self, rope_scaling) -> None:
         self.rope_scaling = rope_scaling
-        if self.rotary:
-            self._build_table(self.rotary_cos.shape[0], None)
+        self._build_table(self.rotary_cos.shape[0], None)
 
     def _build_table(self, size: int, seq_len) -> None:
         cfg = self.cfg
-        device = self.W_Q.device
-        if self.rope_scaling is None:
-            sin, cos = self.calculate_sin_cos_rotary(
-                cfg.rotary_dim, size, base=self._rotary_base(), dtype=cfg.dtype
-            )
+        positions = torch.arange(size, dtype=torch.float32)[:, None]
+        if self.rope_scaling is None:  # divided by the frequencies, as TL 3.9 computed it
+            exponents = torch.arange(0, cfg.rotary_dim, 2, dtype=torch.float32) / cfg.rotary_dim
+            angles, factor = positions / (cfg.rotary_base**exponents), 1.0
         else:
             inv_freq, factor = rope_frequencies(
-                cfg.rotary_dim, self._rotary_base(), self.rope_scaling, seq_len
+                cfg.rotary_dim, cfg.rotary_base, self.rope_scaling, seq_len
             )
-            inv_freq = (
-                inv_freq.repeat_interleave(2) if cfg.rotary_adjacent_pairs else inv_freq.repeat(2)
-            )
-            angles = torch.arange(size, dtype=torch.float32)[:, None] * inv_freq[None, :]
-            sin, cos = angles.sin() * factor, angles.cos() * factor
-        self.rotary_sin = sin.to(device, cfg.dtype)
-        self.rotary_cos = cos.to(device, cfg.dtype)
+            angles = positions * inv_freq
+        angles = (
+            angles.repeat_interleave(2, -1) if cfg.rotary_adjacent_pairs else angles.repeat(1, 2)
+        )
+        device = self.W_Q.device
+        self.rotary_sin = (angles.sin() * factor).to(device, cfg.dtype)
+        self.rotary_cos = (angles.cos() * factor).to(device, cfg.dtype)
         self._table_key = (
             size,
             seq_len,
             None if self.rope_scaling is None else repr(self.rope_scaling),
         )
 
+    def rotate_every_two(self, x):
+        """The rotation's partner of each dim: [x0, x1] -> [-x1, x0] per pair."""
+        if self.cfg.rotary_adjacent_pairs:
+            return torch.stack([-x[..., 1::2], x[..., ::2]], -1).flatten(-2)
+        half = x.size(-1) // 2
+        return torch.cat([-x[..., half:], x[..., :half]], -1)
+
     def apply_rotary(self, x, past_kv_pos_offset=0, attention_mask=None):
-        if not self.rotary:
-            return x
+        """x [batch, pos, head, d_head] at positions past_kv_pos_offset.. rotated."""
         needed = past_kv_pos_offset + x.size(1)
         size = self.rotary_cos.shape[0]
         dynamic = self.rope_scaling is not None and self.rope_scaling["rope_type"] == "dynamic"
         if dynamic:  # frequencies depend on the current length, as in transformers
             original = self.rope_scaling["original_max_position_embeddings"]
             seq_len = max(needed, original)
-            if self._table_key is None or self._table_key[1] != seq_len or needed > size:
+            if self._table_key[1] != seq_len or needed > size:
                 self._build_table(max(needed, size), seq_len)
         elif needed > size:
             self._build_table(max(needed, 2 * size), None)
-        return Attention.apply_rotary(self, x, past_kv_pos_offset, attention_mask)
+        if attention_mask is None:
+            cos = self.rotary_cos[None, past_kv_pos_offset:needed, None]
+            sin = self.rotary_sin[None, past_kv_pos_offset:needed, None]
+        else:
+            positions = get_offset_position_ids(past_kv_pos_offset, attention_mask)
+            positions = positions.to(self.rotary_cos.device)
+            cos, sin = self.rotary_cos[positions, None], self.rotary_sin[positions, None]
+        d = self.cfg.rotary_dim
+        x_rot, x_pass = x[..., :d], x[..., d:]
+        rotated = x_rot * cos + self.rotate_every_two(x_rot) * sin
+        return torch.cat([rotated, x_pass], -1)
 
 
 def rotary_dim(d_head: int, fraction: float) -> int:

@@ -2,10 +2,10 @@
 arch="t5")`), for every positional encoding of the zoo.
 
 Kazemnejad et al. train a transformers `T5Stack` without encoder (official
-`src/models/custom_t5_decoder_only.py`). Against the default architecture (TL's pre-LayerNorm
+`src/models/custom_t5_decoder_only.py`). Against the default architecture (a pre-LayerNorm
 block) it differs in:
   - T5's RMS norm (no mean, no bias, eps 1e-6), before attention, before the MLP and at the end;
-  - no biases anywhere (TL's bias slots are zero buffers: not parameters, not saved);
+  - no biases anywhere (the default's bias slots are zero buffers: not parameters, not saved);
   - a ReLU MLP with dropout after the ReLU (`T5MLP`);
   - unscaled attention logits, and the softmax in float32 whatever the weights' dtype;
   - the output tied to the token embedding, the last hidden state scaled by d_model^-0.5
@@ -47,33 +47,6 @@ def _bias_to_buffer(module: nn.Module, name: str) -> None:
     module.register_buffer(name, torch.zeros_like(value.detach()), persistent=False)
 
 
-class FusedRMSNorm(nn.Module):
-    """T5's RMS norm with TL's RMSNorm hook points: x * rsqrt(mean(x^2) + eps) * w, the mean
-    in float32. One `F.rms_norm` kernel in float32 and float64 while no hook watches
-    `hook_scale` / `hook_normalized`; otherwise the step-by-step form that fills them."""
-
-    def __init__(self, cfg, length: int | None = None):
-        super().__init__()
-        self.cfg = cfg
-        self.eps = cfg.eps
-        self.length = length or cfg.d_model
-        self.w = nn.Parameter(torch.ones(self.length, dtype=cfg.dtype))
-        self.hook_scale = HookPoint()  # [batch, pos, 1]
-        self.hook_normalized = HookPoint()  # [batch, pos, length]
-
-    def forward(self, x):
-        if (
-            x.dtype in (torch.float32, torch.float64)
-            and not self.hook_scale.has_hooks()
-            and not self.hook_normalized.has_hooks()
-        ):
-            return F.rms_norm(x, (self.length,), self.w, self.eps)
-        variance = x.float().pow(2).mean(-1, keepdim=True)
-        scale = self.hook_scale(torch.sqrt(variance + self.eps))
-        normalized = self.hook_normalized((x.float() / scale).to(x.dtype))
-        return self.w * normalized
-
-
 class T5MLP(nn.Module):
     """T5's `DenseReluDense` with TL's MLP names: relu(x @ W_in) -> dropout -> @ W_out.
     Hooks: `hook_pre` (before the ReLU), `hook_post` (after it, before dropout)."""
@@ -84,7 +57,7 @@ class T5MLP(nn.Module):
         self.dropout = dropout
         self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))
         self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
-        # TL code reads b_in / b_out: zeros, not parameters
+        # the default MLP's bias slots (code reading them finds zeros), not parameters
         self.register_buffer("b_in", torch.zeros(cfg.d_mlp, dtype=cfg.dtype), persistent=False)
         self.register_buffer("b_out", torch.zeros(cfg.d_model, dtype=cfg.dtype), persistent=False)
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
@@ -131,14 +104,12 @@ def make_t5_layout(model) -> None:
     from nopeinterp.models.ape import SinusoidalPosEmbed
 
     cfg = model.cfg
-    for block in model.blocks:
-        block.ln1, block.ln2 = FusedRMSNorm(cfg), FusedRMSNorm(cfg)
+    for block in model.blocks:  # the norms are RMS norms already (cfg.normalization_type)
         block.mlp = T5MLP(cfg, model.dropout)
         block.attn.softmax_fp32 = True
         for name in _BIASES:
             if isinstance(block.attn._parameters.get(name), nn.Parameter):
                 _bias_to_buffer(block.attn, name)
-    model.ln_final = FusedRMSNorm(cfg)
     model.unembed = TiedUnembed(cfg, model.embed, model.dropout)
     for module in model.modules():
         if isinstance(module, ALiBiBias):
@@ -184,4 +155,4 @@ def check_arch(arch: str) -> None:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCH_TYPES)}")
 
 
-__all__ = ["ARCH_TYPES", "FusedRMSNorm", "T5MLP", "TiedUnembed", "make_t5_layout", "t5_init"]
+__all__ = ["ARCH_TYPES", "T5MLP", "TiedUnembed", "make_t5_layout", "t5_init"]
