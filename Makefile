@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# the local CPU wheel first: a bare "torch" requirement could pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	# TransformerLens 3.9 here (our own models need its HookedTransformer); pyproject allows 4.x
+	# TransformerLens 3.9 here (from_hf converts to its HookedTransformer); pyproject allows 4.x
 	# too, which `make tl4` installs in its own environment
 	$(PY) -m pip install -q 'transformer-lens>=3.9,<4'
 	$(PY) -m pip install -q -e '.[test,dev]'
@@ -28,10 +28,12 @@ $(TL4_STAMP): pyproject.toml
 
 tl4: $(TL4_STAMP)  ## build (or reuse) the TransformerLens 4 environment
 
-# Test modules that import under TL 4 (the others import TL 3.9's HookedTransformer).
-TL4_TESTS := tests/test_tl_versions.py tests/test_random_init_control.py tests/test_hf_analyses.py
+# The model and analysis test modules, run again under TL 4 (their tests marked tl4).
+TL4_TESTS := tests/test_tl_versions.py tests/test_random_init_control.py tests/test_hf_analyses.py \
+	tests/test_models.py tests/test_model_layers.py tests/test_fused_attention.py \
+	tests/test_t5_arch.py tests/test_new_pes.py tests/test_checkpoint.py tests/test_analyses.py
 
-test-tl4: $(TL4_STAMP)  ## the tests marked tl4 (imported models, analyses) under TransformerLens 4
+test-tl4: $(TL4_STAMP)  ## the tests marked tl4 (our models, imported models, analyses) under TransformerLens 4
 	HF_HUB_OFFLINE=1 $(TL4_VENV)/bin/python -m pytest -m tl4 $(TL4_TESTS)
 
 main: $(STAMP)  ## the main job, on the shipped checkpoints
