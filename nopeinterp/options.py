@@ -152,10 +152,9 @@ class RangeOptions(LayerOptions):
 
 @dataclass(frozen=True)
 class SampleOptions(RangeOptions):
-    """... that samples `n_eval` sequences per split from a task and caches activations."""
+    """... that samples `n_eval` sequences per split from a task."""
 
     n_eval: int = option(256, "sequences per evaluated split", parse="positive_int")
-    max_cache_mb: float = option(256, flag=False, at_least=0)
 
 
 @dataclass(frozen=True)
@@ -207,7 +206,6 @@ class RegionOptions(LengthOptions, LayerOptions):
         "generated", "the model's greedy output, or the gold targets teacher-forced",
         choices=TOKEN_SOURCES,
     )  # fmt: skip
-    max_cache_mb: float = option(256, flag=False, at_least=0)
     name: str | None = option(None, flag=False)  # the model's name in the table
 
 

@@ -318,7 +318,7 @@ def test_distance_dependence_nope_tiny_model(tmp_path):
     model = build_model("nope", **TINY)
     tokens, mask = _batch(16, 3, 24, seed=1)
     res = distance_dependence(
-        model, tokens, attention_mask=mask, id_lengths=(3, 14), progress=False, max_cache_mb=0
+        model, tokens, attention_mask=mask, id_lengths=(3, 14), progress=False
     )
     assert set(res.table.split) == {"ID", "OOD"}
     assert res.table.score.between(0, 1).all()
