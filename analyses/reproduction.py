@@ -428,8 +428,10 @@ def commit_records(paths: list[Path], message: str) -> None:
         print(f"warning: not committed ({err.decode().strip() or e}): {message}", flush=True)
 
 
-def pilot(lrs=PILOT_LRS, steps: int = PILOT_STEPS, splits=PILOT_SPLITS, commit=False) -> None:
-    """The pilot: every (split, PE) of `splits` at seed 0 with `--preset repro-t5`, one rate
+def pilot(
+    lrs=PILOT_LRS, steps: int = PILOT_STEPS, splits=PILOT_SPLITS, commit=False, pes=FIVE_PES
+) -> None:
+    """The pilot: every (split, PE) of `splits` and `pes` at seed 0 with `--preset repro-t5`, one rate
     after the other, each run until PILOT_STOP or `steps`; its test set decoded at the end.
     Each finished run's record is copied under RECORDS/pilot/ (`commit`: and committed)."""
     if steps < 1 or any(lr <= 0 for lr in lrs):
@@ -439,7 +441,12 @@ def pilot(lrs=PILOT_LRS, steps: int = PILOT_STEPS, splits=PILOT_SPLITS, commit=F
             raise NopeinterpError(f"unknown split {split!r}; choose from {', '.join(PAPER_SPLITS)}")
     for lr in lrs:
         folder = pilot_folder(steps, lr)
-        runs = {run_name(spec) for split in splits for spec in split_runs(split, [PILOT_SEED])}
+        runs = {
+            run_name(spec)
+            for split in splits
+            for spec in split_runs(split, [PILOT_SEED])
+            if spec.pe in pes
+        }
         for run in restore_records(lr, runs, tested_only=True, folder=folder):
             print(f"{run}: committed record restored", flush=True)
 
@@ -456,7 +463,7 @@ def pilot(lrs=PILOT_LRS, steps: int = PILOT_STEPS, splits=PILOT_SPLITS, commit=F
                     )
 
         run_sweep(
-            [task_spec(s) for s in splits], FIVE_PES, [PILOT_SEED], RUNS / folder,
+            [task_spec(s) for s in splits], list(pes), [PILOT_SEED], RUNS / folder,
             preset=PILOT_PRESET, overrides={"lr": lr, "steps": steps, **PILOT_STOP},
             test="eval_set", log=log,
         )  # fmt: skip
@@ -812,6 +819,7 @@ def main(argv=None) -> int:
     pl.add_argument("--lrs", nargs="+", type=float, default=list(PILOT_LRS))
     pl.add_argument("--steps", type=int, default=PILOT_STEPS, help="the step cap")
     pl.add_argument("--splits", nargs="+", choices=list(PAPER_SPLITS), default=list(PILOT_SPLITS))
+    pl.add_argument("--pes", nargs="+", choices=list(FIVE_PES), default=list(FIVE_PES))
     pl.add_argument("--commit", action="store_true", help="git-commit each finished record")
     pt = sub.add_parser("pilot-table", help="the pilot's runs and validation curves")
     pt.add_argument("--out", type=Path, default=None, help="default results/reproduction/pilot")
@@ -830,7 +838,7 @@ def main(argv=None) -> int:
         elif args.command == "rebuild":
             rebuild(args.lr, args.splits, args.seeds, args.workers)
         elif args.command == "pilot":
-            pilot(args.lrs, args.steps, args.splits, args.commit)
+            pilot(args.lrs, args.steps, args.splits, args.commit, args.pes)
         elif args.command == "pilot-table":
             pilot_table(args.out)
         elif args.command == "analyse":
