@@ -12,6 +12,7 @@ import pytest
 from nopeinterp import load_checkpoint
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import evaluate
+from nopeinterp.paper import FIVE_PES as PAPER_FIVE
 from nopeinterp.tasks import PAPER_SPLITS, get_task
 from nopeinterp.training import make_config
 from nopeinterp.training.sweep import RECORD, run_sweep
@@ -536,3 +537,60 @@ def test_commit_records_commits_only_the_named_paths(tmp_path, monkeypatch, caps
     assert git("show", "--name-only", "--format=") == "pilot/a.json\n"
     repro.commit_records([tmp_path / "pilot"], "nothing new")  # nothing to commit: one line
     assert "warning: not committed" in capsys.readouterr().out
+
+
+def _v3(monkeypatch, tmp_path):
+    """analyses/reproduction_v3.py on tmp folders and a tiny shape (its settings otherwise)."""
+    monkeypatch.syspath_prepend(str(ROOT / "analyses"))
+    import reproduction_v3 as v3
+
+    monkeypatch.setattr(v3.repro, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(v3.repro, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(v3, "FIVE_PES", ("nope", "t5"))
+    monkeypatch.setattr(v3.repro, "FIVE_PES", ("nope", "t5"))
+    calls = []
+    small = {**SMALL, "n_layers": 1, "d_model": 32, "d_mlp": 64, "d_head": 16}
+
+    def sweep(*a, preset, overrides, **k):
+        calls.append((preset, dict(overrides)))
+        return run_sweep(*a, preset=preset, overrides={**overrides, **small}, **k)
+
+    monkeypatch.setattr(v3, "run_sweep", sweep)
+    return v3, calls
+
+
+def test_v3_grid_runs_the_protocol_settings_seed_major_and_resumes(tmp_path, monkeypatch, capsys):
+    v3, calls = _v3(monkeypatch, tmp_path)
+    assert len(v3.V3_SPLITS) * len(PAPER_FIVE) * len(v3.V3_SEEDS) == 60  # the protocol's grid
+    assert len(v3.v3_runs()) == len(v3.V3_SPLITS) * 2 * len(v3.V3_SEEDS)  # two PEs here
+    v3.run_grid(splits=["rsc"], seeds=[0, 1])
+    expected = {"lr": v3.V3_LR, "steps": v3.V3_STEPS, "stop_at_val": 0.95, "stop_evals": 2}
+    assert calls == [("repro-t5", expected)] * 2  # one sweep per seed, seed 0 first
+    folder = tmp_path / "records" / "v3" / "lr=0.001"
+    names = sorted(p.stem for p in folder.glob("*.json"))
+    assert names == sorted(
+        f"copy.variant=rsc-{pe}-seed{s}" for pe in ("nope", "t5") for s in (0, 1)
+    )
+    rec = json.loads((folder / "copy.variant=rsc-t5-seed1.json").read_text())
+    assert rec["config"]["arch"] == "t5" and rec["ood_accuracy"] is not None
+    shutil.rmtree(tmp_path / "runs")  # a new machine: committed records restored, not retrained
+    capsys.readouterr()
+    v3.run_grid(splits=["rsc"], seeds=[0, 1])
+    out = capsys.readouterr().out
+    assert out.count("committed record restored") == 4 and out.count(": skipped") == 4
+    assert not list((tmp_path / "runs").rglob("model.pt"))
+    with pytest.raises(NopeinterpError, match="not in the protocol: cmc, 7"):
+        v3.run_grid(splits=["cmc"], seeds=[7])
+
+
+def test_v3_gpu_check_compares_two_short_runs(tmp_path, monkeypatch):
+    """The GPU's agreement check, run here with CPU bf16 autocast in the GPU's place."""
+    v3, calls = _v3(monkeypatch, tmp_path)
+    monkeypatch.setattr(v3, "V3_CHECK", ("rsc", "nope", 0, 4))
+    check = v3.gpu_check(tmp_path / "check", devices=(("cpu", "fp32"), ("cpu", "bf16")))
+    assert [c[1]["precision"] for c in calls] == ["fp32", "bf16"]
+    loss = {k: [h["loss"] for h in c if h["step"] > 2] for k, c in check["curves"].items()}
+    (a,), (b,) = loss.values()
+    assert check["relative_difference"] == pytest.approx(abs(b - a) / a)
+    assert check["agree"] == (check["relative_difference"] <= v3.GPU_CHECK_RTOL)
+    assert a != b  # bf16 autocast changed the computation: the check compares two real runs
