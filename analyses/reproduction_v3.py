@@ -4,7 +4,7 @@
     python analyses/reproduction_v3.py grid [--commit] [--workers 1]   # on CPU, resumable
         [--splits rsc mc] [--seeds 0]                                  # a part (same runs)
     python analyses/reproduction_v3.py gpu [--workers 8] [--commit]    # on a GPU node, bf16
-    python analyses/reproduction_v3.py table                           # tables, comparison
+    python analyses/reproduction_v3.py table [--out DIR]               # tables, comparison
 
 Every run: `--preset repro-t5` (the paper's T5 decoder, 4 layers, 2 heads of 64, d_model 128),
 learning rate V3_LR, trained until ID validation exact match >= 0.95 on two evaluations in a
@@ -28,6 +28,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from nopeinterp.errors import NopeinterpError
@@ -158,6 +159,111 @@ def run_gpu(workers: int, commit: bool) -> None:
     run_grid(workers=workers, commit=commit, extra={"device": "cuda", "precision": "bf16"})
 
 
+def grid_runs(root: Path | None = None) -> pd.DataFrame:
+    """Every run of the grid (60 rows) with its record's fields where it has one; `status`
+    done or missing; `capped`: done without reaching V3_TARGET validation (kept everywhere)."""
+    runs = repro.records(repro.RECORDS / V3 if root is None else root)
+    runs = runs[runs["lr"] == V3_LR]
+    full = pd.MultiIndex.from_product([list(V3_SPLITS), FIVE_PES, V3_SEEDS]).to_frame(
+        index=False, name=["split", "pe", "seed"]
+    )
+    out = full.merge(runs, on=["split", "pe", "seed"], how="left")
+    out["status"] = "missing"
+    out.loc[out["ood_accuracy"].notna(), "status"] = "done"
+    done = out["status"] == "done"
+    out["reached_target"] = done & (out["val_accuracy"] >= V3_TARGET)
+    out["capped"] = done & ~out["reached_target"]
+    return out.drop(columns=["did_not_train"])
+
+
+def convergence(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per split and PE: runs done, how many reached V3_TARGET validation, the share."""
+    done = runs[runs["status"] == "done"]
+    g = done.groupby(["split", "pe"], sort=False)
+    out = pd.DataFrame({"runs": g.size(), "reached": g["reached_target"].sum().astype(int)})
+    out["share_reached"] = out["reached"] / out["runs"]
+    return repro.in_paper_order(out.reset_index(), "runs")
+
+
+def against_v2(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per split and PE: the first grid's mean best validation and OOD exact match (1,500
+    steps, d_head 16, its chosen rate) beside this grid's, over the seeds each has so far."""
+    v2 = repro.records()
+    v2 = v2[v2["lr"] == V3_LR]
+    sides = {"v2": v2, "v3": runs[runs["status"] == "done"]}
+    parts = []
+    for name, df in sides.items():
+        g = df[df["split"].isin(V3_SPLITS)].groupby(["split", "pe"])
+        parts.append(
+            g.agg(**{f"val_{name}": ("val_accuracy", "mean"), f"ood_{name}": ("ood_accuracy", "mean"),
+                     f"seeds_{name}": ("seed", "nunique")})
+        )  # fmt: skip
+    out = pd.concat(parts, axis=1).reset_index()
+    out["ood_change"] = out["ood_v3"] - out["ood_v2"]
+    return repro.in_paper_order(out, "split")
+
+
+def table(out: Path | None = None, root: Path | None = None) -> list[Path]:
+    """Print and write the grid's tables into `out` (default results/reproduction/v3/tables/):
+    its runs, convergence, the first grid beside it, and on complete (split, seed) cells the
+    comparison with the paper, the MRR separation and the claim-1 verdict."""
+    from _common import print_written, write_table
+
+    from nopeinterp.paper import claim1_verdict, compare_with_paper, paper_runs
+
+    runs = grid_runs(root)
+    out = Path(out) if out is not None else repro.RECORDS / V3 / "tables"
+    done = runs[runs["status"] == "done"]
+    if done.empty:
+        raise NopeinterpError(f"{repro.RECORDS / V3}: no finished run of the grid yet")
+    hours = done["train_wall_s"].sum() / 3600
+    status = (
+        f"{len(done)} of {len(runs)} runs done; {int(done['reached_target'].sum())} reached "
+        f"{V3_TARGET} ID validation, {int(done['capped'].sum())} capped at {V3_STEPS} steps "
+        f"below it (kept in every table); {hours:.1f} h of training wall time"
+    )
+    print(status)
+    paths = write_table(runs, out, "runs", title="Reproduction v3: runs", notes=status + ".")
+    conv = convergence(runs)
+    print("\n" + conv.to_string(index=False))
+    paths += write_table(
+        conv, out, "convergence", title=f"Runs that reached {V3_TARGET} ID validation",
+        notes="Per split and PE, over the runs done so far.",
+    )  # fmt: skip
+    v2 = against_v2(runs)
+    paths += write_table(
+        v2, out, "against_v2", title="The first grid beside this one",
+        notes="Mean best ID validation and OOD exact match per split and PE. v2: 1,500 steps, "
+        "8 heads of 16, the default architecture; v3: trained to 0.95 or 8,000 steps, 2 heads "
+        "of 64, the T5 decoder. Means over the seeds each grid has (seeds_v2, seeds_v3).",
+    )  # fmt: skip
+    ours = repro.complete_cells(runs)
+    if ours.empty:
+        print("\nno complete (split, seed) cell yet: no comparison with the paper")
+        print_written(paths)
+        return paths
+    splits = [s for s in V3_SPLITS if s in set(ours["split"])]
+    comparison = compare_with_paper(
+        ours[["split", "pe", "seed", "ood_accuracy"]], paper_runs(), splits=splits
+    )
+    cells = ours.groupby("split")["seed"].nunique().to_dict()
+    for name, df in comparison.tables().items():
+        print(f"\n{name}:\n" + df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        paths += write_table(
+            df, out, name, title=name.replace("_", " "),
+            notes=f"Complete (split, seed) cells only; seeds per split: {cells}.",
+        )  # fmt: skip
+    verdict = claim1_verdict(comparison.separation)
+    print(f"\nclaim 1 on complete cells ({len(ours)} runs, seeds per split {cells}): {verdict}")
+    paths += write_table(
+        pd.DataFrame([{"claim": 1, "verdict": verdict, "runs": len(ours), "cells": str(cells)}]),
+        out, "claim1_verdict", title="Claim 1 by the protocol's decision rule",
+        notes="NoPE above an explicit PE only if its MRR interval lies wholly above that PE's.",
+    )  # fmt: skip
+    print_written(paths)
+    return paths
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -169,12 +275,16 @@ def main(argv=None) -> int:
     u = sub.add_parser("gpu", help="check a short run against the CPU, then the grid on a GPU")
     u.add_argument("--workers", type=int, default=8, help="runs at once on the GPU")
     u.add_argument("--commit", action="store_true", help="git-commit each finished record")
+    t = sub.add_parser("table", help="the grid's tables, the paper comparison, the verdict")
+    t.add_argument("--out", type=Path, default=None, help="default results/reproduction/v3/tables")
     args = p.parse_args(argv)
     try:
         if args.command == "grid":
             run_grid(args.splits, args.seeds, args.workers, args.commit)
         elif args.command == "gpu":
             run_gpu(args.workers, args.commit)
+        elif args.command == "table":
+            table(args.out)
     except NopeinterpError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -305,6 +305,23 @@ def mrr_separation(mrr: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def claim1_verdict(separation: pd.DataFrame, *, side: str = "ours", pes=FIVE_PES) -> str:
+    """Claim 1 (NoPE length-generalizes better than the explicit PEs) by the protocol's
+    decision rule on ``mrr_separation``'s table: "reproduced" if NoPE is above every explicit
+    PE, "contradicted" if any explicit PE is above NoPE, else "not separated" (naming the PEs
+    NoPE is above, if any)."""
+    rows = separation[separation["side"] == side] if "side" in separation else separation
+    verdicts = set(rows["verdict"])
+    others = [p for p in pes if p != "nope"]
+    above_nope = [p for p in others if f"{p} above nope" in verdicts]
+    nope_above = [p for p in others if f"nope above {p}" in verdicts]
+    if above_nope:
+        return f"contradicted: {', '.join(above_nope)} above NoPE"
+    if len(nope_above) == len(others):
+        return "reproduced: NoPE above every explicit PE"
+    return "not separated" + (f" (NoPE above {', '.join(nope_above)} only)" if nope_above else "")
+
+
 def tie_counts(runs: pd.DataFrame, *, splits=None, pes=FIVE_PES) -> pd.DataFrame:
     """Per split: how many complete (split, seed) cells have PEs with equal OOD accuracy
     (``cells_with_tie``: their ranks then come from the tie order, not the data) and how many

@@ -594,3 +594,54 @@ def test_v3_gpu_check_compares_two_short_runs(tmp_path, monkeypatch):
     assert check["relative_difference"] == pytest.approx(abs(b - a) / a)
     assert check["agree"] == (check["relative_difference"] <= v3.GPU_CHECK_RTOL)
     assert a != b  # bf16 autocast changed the computation: the check compares two real runs
+
+
+def _fake_v3_records(folder, ood_by_pe, val=0.97, splits=("rsc", "rdc", "mc", "mdlen")):
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in splits:
+        for pe, ood in ood_by_pe.items():
+            for seed in (0, 1, 2):
+                rec = {"lr": 1e-3, "split": split, "pe": pe, "seed": seed, "ood_accuracy": ood,
+                       "val_accuracy": val if pe != "t5" else 0.9, "best_step": 900,
+                       "steps": 8000, "run_wall_s": 60.0}  # fmt: skip
+                (folder / f"{split}-{pe}-seed{seed}.json").write_text(json.dumps(rec))
+
+
+@pytest.mark.parametrize(
+    "first, verdict",
+    [("nope", "reproduced: NoPE above every explicit PE"), ("rotary", "contradicted: rotary")],
+)
+def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
+    tmp_path, monkeypatch, first, verdict
+):
+    v3, _ = _v3(monkeypatch, tmp_path)
+    monkeypatch.setattr(v3, "FIVE_PES", PAPER_FIVE)
+    monkeypatch.setattr(v3.repro, "FIVE_PES", PAPER_FIVE)
+    order = [first, *(p for p in PAPER_FIVE if p != first)]
+    ood = {pe: 0.5 - 0.1 * i for i, pe in enumerate(order)}  # the same ranking in every cell
+    _fake_v3_records(tmp_path / "records" / "v3" / "lr=0.001", ood)
+    paths = v3.table(tmp_path / "tables")
+    names = {p.name for p in paths}
+    assert {"runs.csv", "convergence.csv", "against_v2.csv", "claim1_verdict.csv"} <= names
+    runs = pd.read_csv(tmp_path / "tables" / "runs.csv")
+    assert len(runs) == 60 and set(runs["status"]) == {"done"}
+    assert runs["capped"].sum() == 12 and set(runs.loc[runs["capped"], "pe"]) == {"t5"}
+    conv = pd.read_csv(tmp_path / "tables" / "convergence.csv")
+    assert conv.set_index("pe").loc["t5", "share_reached"].tolist() == [0.0] * 4
+    got = pd.read_csv(tmp_path / "tables" / "claim1_verdict.csv")["verdict"].item()
+    assert got.startswith(verdict)
+
+
+def test_claim1_verdict_rule():
+    from nopeinterp.paper import claim1_verdict
+
+    def sep(*verdicts):
+        return pd.DataFrame({"side": "ours", "verdict": list(verdicts)})
+
+    all_above = sep(*(f"nope above {p}" for p in ("t5", "alibi", "rotary", "sinusoidal")))
+    assert claim1_verdict(all_above).startswith("reproduced")
+    assert claim1_verdict(sep("nope above t5", "not separated")) == (
+        "not separated (NoPE above t5 only)"
+    )
+    assert claim1_verdict(sep("not separated")) == "not separated"
+    assert claim1_verdict(sep("nope above t5", "alibi above nope")).startswith("contradicted")
