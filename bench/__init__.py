@@ -4,4 +4,4 @@ Each module exposes ``run(quick: bool) -> list[dict]`` of summary rows (see benc
 and can be run on its own: ``python -m bench.train_step`` etc.
 """
 
-MODULES = ("train_step", "decode", "similarity", "probe", "scaling", "paper_1b", "lm")
+MODULES = ("train_step", "decode", "similarity", "probe", "scaling", "paper_1b", "real_size", "lm")

@@ -83,6 +83,23 @@ def machine_line() -> str:
     )
 
 
+def peak_rss_kib() -> int:
+    """This process's peak RSS in KiB: the kernel's high-water mark of its own memory (VmHWM).
+    Not `ru_maxrss`: on Linux a child started by fork + exec inherits its parent's peak there,
+    so a small command run from a large benchmark process would report the parent's size."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    import resource  # not Linux: ru_maxrss (KiB on Linux, bytes on macOS)
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if platform.system() == "Darwin" else peak
+
+
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
     """Median wall time of `fn()` over `repeats` calls, after `warmup` untimed calls."""
     for _ in range(warmup):

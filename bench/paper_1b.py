@@ -10,7 +10,7 @@ initialisation scales) and opened through the CLI's `--hf` as the real ones woul
     nopeinterp probe-distance --hf DIR --id-lengths 1023-1023 --ood-lengths 1024-1024 --n-eval 4
 
 Each command runs in its own process, one torch thread; the figures are its wall time and its
-peak RSS (`ru_maxrss` of the child), beside the bytes of the weights file. Informational rows:
+peak RSS (the child's VmHWM, `bench._common.peak_rss_kib`), beside the bytes of the weights file. Informational rows:
 no target (the question is whether it fits, and in how long).
 
     python -m bench.paper_1b [--quick] [--n-train 8] [--n-eval 4] [--pe rotary] [--dir PATH]
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from bench._common import machine_line, print_rows, row
+from bench._common import machine_line, peak_rss_kib, print_rows, row
 
 FULL = dict(n_layers=24, d_model=1024, n_heads=32, d_kv=128, d_ff=16384, vocab=49152, ctx=1024)
 QUICK = dict(n_layers=2, d_model=32, n_heads=2, d_kv=16, d_ff=64, vocab=64, ctx=64)
@@ -93,16 +93,13 @@ def run_cli(args: list[str], in_process: bool = False) -> tuple[float, float]:
         t0 = time.perf_counter()
         if main(["--quiet", *args]) != 0:
             raise RuntimeError(f"nopeinterp {' '.join(args)} failed")
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        return time.perf_counter() - t0, rss
+        return time.perf_counter() - t0, peak_rss_kib() / 1024
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
     code = (
         "import resource, sys, torch; torch.set_num_threads(1); from nopeinterp.cli import main; "
     )
     code += "rc = main(sys.argv[1:]); "
-    code += (
-        "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True); "
-    )
+    code += "from bench._common import peak_rss_kib; print('peak_rss_kib', peak_rss_kib(), flush=True); "
     code += "sys.exit(rc)"
     t0 = time.perf_counter()
     done = subprocess.run(

@@ -125,7 +125,7 @@ def task_spec(meta: dict):
 
 def _unwrap(model):
     """(model, tokenizer, meta) of a resolved model (`nopeinterp.inputs.ModelInput`, or a loaded
-    `Checkpoint`) or of a bare HookedTransformer (no meta). Nothing is loaded here: the entry
+    `Checkpoint`) or of a bare hooked model (no meta). Nothing is loaded here: the entry
     point resolved paths already (`nopeinterp.inputs.as_model`)."""
     if isinstance(model, str | os.PathLike):
         raise TypeError(

@@ -236,7 +236,7 @@ def model_and_task(model, data=None, name: str | None = None, *, device=None):
 def evaluate(model, data=None, *, options: EvalOptions | None = None, **changes) -> EvalResult:
     """Exact-match accuracy per length (greedy decoding): one row per length.
 
-    `model`: a HookedTransformer, a Checkpoint or a checkpoint path. `data`: the task (a
+    `model`: a hooked model (ours, `from_hf`, a TL model), a Checkpoint or a checkpoint path. `data`: the task (a
     name, a Task, a dict with options, or a (task, tokenizer) pair); None = the checkpoint's
     task with its options. `lengths` default: the task's ID and OOD ranges. Examples come from
     the pool `nopeinterp.data` assigns each split (ID: "val", OOD: "test"), so no evaluated

@@ -1,6 +1,6 @@
 """Resolving a model once, at the entry point (the CLI, the report, a notebook call).
 
-`as_model(obj)` turns "a HookedTransformer, a loaded `Checkpoint` or a checkpoint path" into one
+`as_model(obj)` turns "a hooked model, a loaded `Checkpoint` or a checkpoint path" into one
 `ModelInput` (loading a path safely, weights only); `nopeinterp.data.make_sequences` turns "any
 data" into `Splits`. The analyses' cores take `(ModelInput, Splits, options)` and never
 normalise their inputs again; the public functions (`probe_position("ckpt.pt")`, ...) are thin
@@ -26,7 +26,7 @@ _DATA_OPTIONS = ("id_lengths", "ood_lengths", "n_train", "n_eval", "n_per_length
 class ModelInput:
     """A model to analyse, with what its checkpoint says about it (empty for a bare model)."""
 
-    model: object  # a HookedTransformer (or anything with cfg and run_with_cache)
+    model: object  # a hooked model: anything with cfg and run_with_cache (ours, TL, a bridge)
     tokenizer: object | None
     meta: dict
     name: str
@@ -62,7 +62,7 @@ def as_model(obj, name: str | None = None, *, device=None) -> ModelInput:
         return ModelInput(obj.model, obj.tokenizer, dict(obj.meta or {}), label, obj)
     if not hasattr(obj, "cfg") or not hasattr(obj, "run_with_cache"):
         raise TypeError(
-            f"{name or 'model'}: expected a HookedTransformer, a Checkpoint or a checkpoint path, "
+            f"{name or 'model'}: expected a hooked model (cfg and run_with_cache), a Checkpoint or a checkpoint path, "
             f"got {type(obj).__name__}"
         )
     label = name or getattr(obj, "pe", None) or type(obj).__name__

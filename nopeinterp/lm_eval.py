@@ -258,7 +258,7 @@ def lm_eval(
 ) -> LMEvalResult:
     """Loss by position, perplexity by length and passkey accuracy (module docstring).
 
-    `model`: a checkpoint (path or loaded) of the `lm` task, or any HookedTransformer with a
+    `model`: a checkpoint (path or loaded) of the `lm` task, or any hooked model with a
     tokenizer (`nopeinterp.from_hf`). `corpus`: "stdlib", a folder or a .jsonl file (default:
     the checkpoint's own, else "stdlib"); its test split is tokenized with the model's
     tokenizer. Options (`nopeinterp.options.LMEvalOptions`), as `options=` or any of its

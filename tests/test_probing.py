@@ -16,6 +16,7 @@ from nopeinterp.probing import (
     fit_ridge,
     probe_position,
 )
+from nopeinterp.probing.position import position_targets
 from nopeinterp.probing.ridge import select_alpha, stats_mse
 
 TINY = dict(n_layers=2, n_heads=2, d_model=32, d_vocab=20, n_ctx=64)
@@ -439,3 +440,30 @@ def test_probe_position_from_task():
     assert set(res.table.layer) == {1, 2}
     assert res.meta["lengths_OOD"] == (7, 9)
     assert (res.table[res.table.split == "ID"].n > 0).all()
+
+
+def test_position_targets_are_the_labels_and_their_one_hots():
+    """Rebuilt densely here: per group the label, then its one-hot over P (none when >= P)."""
+    pos, shuf, P = torch.tensor([0, 1, 2, 3, 5]), torch.tensor([4, 0, 3, 1, 2]), 5
+    dense = torch.zeros(5, 2 * (1 + P), dtype=torch.float64)
+    for i in range(5):
+        dense[i, 0], dense[i, 1 + P] = pos[i], shuf[i]
+        if pos[i] < P:
+            dense[i, 1 + pos[i]] = 1
+        dense[i, 1 + P + 1 + shuf[i]] = 1
+    torch.testing.assert_close(position_targets(pos, P, shuf).to_dense(), dense)
+    torch.testing.assert_close(position_targets(pos, P).to_dense(), dense[:, : 1 + P])
+
+
+def test_sparse_targets_give_the_dense_statistics():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(200, 6, generator=g)
+    pos, shuf = torch.randint(0, 9, (200,), generator=g), torch.randint(0, 9, (200,), generator=g)
+    sparse = position_targets(pos, 8, shuf)
+    a, b = RidgeStats(6, 18), RidgeStats(6, 18)
+    for i in range(0, 200, 64):
+        rows = slice(i, i + 64)
+        a.update(X[rows], position_targets(pos[rows], 8, shuf[rows]))
+        b.update(X[rows], sparse.to_dense()[rows])
+    for name in ("n", "sx", "sy", "sxx", "sxy", "syy"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=1e-12, atol=1e-9)

@@ -49,6 +49,7 @@ from nopeinterp.models.alibi import alibi_slopes
 from nopeinterp.models.codellm import CodeLLMError, from_codellm, is_codellm_dir
 from nopeinterp.models.config import ModelConfig
 from nopeinterp.models.context import DEFAULT_MAX_CTX, HFModelError, _ctx
+from nopeinterp.models.hf_fused import install_fused_attention
 
 # Rotary and ALiBi models have no hard length limit, but TL keeps an n_ctx x n_ctx causal mask
 # per layer (and a rotary table of n_ctx rows): their context is capped at this by default.
@@ -436,6 +437,7 @@ def from_hf(
             refactor_factored_attn_matrices=False,
         )
     model.to(cfg.device, print_details=False)
+    install_fused_attention(model)  # SDPA whenever no hook reads the scores or pattern
     model.pe_options = (
         {"fraction": cfg.rotary_dim / cfg.d_head, "base": cfg.rotary_base}
         if family.pe == "rotary"

@@ -477,7 +477,7 @@ distance_dependence = analysis_front(
     name="distance_dependence",
     doc="""Distance-dependence score per (split, layer, head) and the attention-mass histogram.
 
-`model`: a HookedTransformer, a Checkpoint or a path. `data`: anything
+`model`: a hooked model (ours, `from_hf`, a TL model), a Checkpoint or a path. `data`: anything
 `nopeinterp.data.make_sequences` takes (None: the checkpoint's task); sequences are grouped
 into "ID"/"OOD" by `id_lengths`/`ood_lengths` (a task: `n_eval` val-split and
 test-split examples), or a single split "all" when no lengths are given. Attention is

@@ -315,7 +315,7 @@ erase_position = analysis_front(
     doc="""Erase position at each layer (LEACE, and a same-rank random control); see the module
 docstring for the sets, conditions and metrics.
 
-`model`: a HookedTransformer, a Checkpoint or a checkpoint path. `data`: anything
+`model`: a hooked model (ours, `from_hf`, a TL model), a Checkpoint or a checkpoint path. `data`: anything
 `nopeinterp.data.make_sequences` takes, as for `probe_position`; None = the checkpoint's
 own task (`n_train` train-pool sequences, `n_eval` held-out ID and OOD ones). Task metrics
 (exact match, target loss) need task data and `task_metrics=True`. Options

@@ -291,7 +291,7 @@ attention_sinks = analysis_front(
     name="attention_sinks",
     doc="""First-token mass and attention entropy per (split, layer, head, row length n).
 
-`model`: a HookedTransformer, a Checkpoint or a path. `data`: anything
+`model`: a hooked model (ours, `from_hf`, a TL model), a Checkpoint or a path. `data`: anything
 `nopeinterp.data.make_sequences` takes (None: the checkpoint's task, `n_eval` held-out ID
 and OOD sequences), as for `distance_dependence`. See the module docstring for what
 "length" is (keys per row).

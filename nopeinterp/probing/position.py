@@ -159,12 +159,6 @@ def _fit_and_eval(
         groups["shuffled"] = (1 + P, slice(2 + P, 2 + 2 * P))
     k = (1 + P) * len(groups)
 
-    def targets(pos: torch.Tensor, shuf: torch.Tensor | None) -> torch.Tensor:
-        cols = [pos[:, None].double(), _onehot(pos, P)]
-        if shuf is not None:
-            cols += [shuf[:, None].double(), _onehot(shuf, P)]
-        return torch.cat(cols, 1)
-
     def batches(split: str):
         """(index, mask, {layer: activations}) of `sets[split]`, a batch at a time."""
         return stream(
@@ -187,7 +181,7 @@ def _fit_and_eval(
                 shuf = None
                 if shuffled_labels is not None:
                     shuf = shuffled_labels[name][idx, : real.shape[1]][real]
-                Y = targets(pos, shuf)
+                Y = position_targets(pos, P, shuf)
             for layer, act in acts.items():
                 stats[name][layer].update(act[real], Y)
             del acts, act  # before the pass computes the next layer
@@ -207,7 +201,10 @@ def _fit_and_eval(
                 W[:, cols], c[cols] = coef[:, cols], intercept[cols]
                 name = label if group == "trained" else group
                 alpha_rows.append({"model": name, "layer": layer, "probe": probe_kind, "alpha": a})
-                probes[(name, layer, probe_kind)] = RidgeProbe(coef[:, cols], intercept[cols], a)
+                # a copy of its columns: a view would keep the whole [d, k] solution alive
+                probes[(name, layer, probe_kind)] = RidgeProbe(
+                    coef[:, cols].clone(), intercept[cols].clone(), a
+                )
         weights[layer] = (W, c)
     del stats
 
@@ -252,11 +249,24 @@ def _fit_and_eval(
     return rows, alpha_rows, probes
 
 
-def _onehot(labels: torch.Tensor, n_classes: int) -> torch.Tensor:
-    out = torch.zeros(labels.shape[0], n_classes, dtype=torch.float64)
-    ok = labels < n_classes
-    out[ok.nonzero().flatten(), labels[ok]] = 1.0
-    return out
+def position_targets(
+    pos: torch.Tensor, n_classes: int, shuffled: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The probes' targets of n tokens, a sparse COO [n, (1 + P) x groups] float64 tensor: per
+    group (the positions, then the shuffled labels if given) the label itself (the regression
+    column) and its one-hot over P = `n_classes` (a label >= P has no one-hot entry)."""
+    n, width = pos.shape[0], 1 + n_classes
+    rows, cols, vals = [], [], []
+    for g, labels in enumerate(x for x in (pos, shuffled) if x is not None):
+        labels = labels.long()
+        ok = labels < n_classes
+        rows += [torch.arange(n), ok.nonzero().flatten()]
+        cols += [torch.full((n,), g * width), g * width + 1 + labels[ok]]
+        vals += [labels.double(), torch.ones(int(ok.sum()), dtype=torch.float64)]
+    groups = 1 if shuffled is None else 2
+    index = torch.stack([torch.cat(rows), torch.cat(cols)])
+    shape = (n, width * groups)
+    return torch.sparse_coo_tensor(index, torch.cat(vals), shape, check_invariants=False).coalesce()
 
 
 def _shuffled_labels(sets, names, seed) -> dict[str, torch.Tensor]:
@@ -394,7 +404,7 @@ probe_position = analysis_front(
     purpose="probe",
     doc="""Probe every layer of `model` for absolute position; see the module docstring.
 
-`model`: a HookedTransformer, a Checkpoint or a checkpoint path. `data`: anything
+`model`: a hooked model (ours, `from_hf`, a TL model), a Checkpoint or a checkpoint path. `data`: anything
 `nopeinterp.data.make_sequences` takes; None = the checkpoint's own task (then `n_train`
 train-pool and `n_eval` held-out sequences per split, lengths from `id_lengths` /
 `ood_lengths` or the task's). Token data are split by their `lengths` (task length, else

@@ -106,7 +106,7 @@ def attention_regions(
 ) -> RegionResult:
     """Attention mass by region for each generated token, per layer and head (module doc).
 
-    `model`: a HookedTransformer, a Checkpoint or a checkpoint path; `data`: the task (None:
+    `model`: a hooked model (ours, `from_hf`, a TL model), a Checkpoint or a checkpoint path; `data`: the task (None:
     the checkpoint's own, with its scratchpad format). Options
     (`nopeinterp.options.RegionOptions`), as `options=` or any of its fields: `lengths`
     (default the task's ID and OOD ranges), `n` examples per length (drawn as `evaluate` draws

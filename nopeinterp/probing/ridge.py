@@ -53,8 +53,13 @@ class RidgeStats:
         self.syy = torch.zeros(k, dtype=_DTYPE)
 
     def update(self, X: torch.Tensor, Y: torch.Tensor) -> RidgeStats:
+        """Add rows X [n, d], Y [n, k]. Y may be a sparse COO tensor (one-hot targets): its
+        sums then cost its nonzeros, not n x k."""
         X = X.detach().to(_DTYPE).reshape(-1, self.d)
-        Y = Y.detach().to(_DTYPE).reshape(-1, self.k)
+        Y = Y.detach().to(_DTYPE)
+        Y = Y.coalesce() if Y.is_sparse else Y.reshape(-1, self.k)
+        if Y.shape[1] != self.k:
+            raise ValueError(f"Y has {Y.shape[1]} columns, the statistics {self.k}")
         if X.shape[0] != Y.shape[0]:
             raise ValueError(f"X has {X.shape[0]} rows, Y has {Y.shape[0]}")
         if X.shape[0] == 0:
@@ -64,10 +69,15 @@ class RidgeStats:
         Xs = X - self.shift
         self.n += X.shape[0]
         self.sx += Xs.sum(0)
-        self.sy += Y.sum(0)
         self.sxx += Xs.T @ Xs
-        self.sxy += Xs.T @ Y
-        self.syy += (Y * Y).sum(0)
+        if Y.is_sparse:
+            self.sy += torch.sparse.sum(Y, 0).to_dense()
+            self.sxy += torch.sparse.mm(Y.t(), Xs).T
+            self.syy += torch.sparse.sum(Y * Y, 0).to_dense()
+        else:
+            self.sy += Y.sum(0)
+            self.sxy += Xs.T @ Y
+            self.syy += (Y * Y).sum(0)
         return self
 
     def merged(self, other: RidgeStats) -> RidgeStats:

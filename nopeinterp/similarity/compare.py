@@ -168,7 +168,7 @@ def compare_attention(
 ) -> ComparisonResult:
     """Rank reference models by how close their attention is to NoPE's.
 
-    nope, refs values, nope_prime: HookedTransformers, Checkpoints or checkpoint paths.
+    nope, refs values, nope_prime: hooked models, Checkpoints or checkpoint paths.
     data: anything `nopeinterp.data.make_sequences` takes. None -> the task recorded in NoPE's
     checkpoint, with its task options; a task (None or given) is sampled the paper's way,
     `n_per_length` held-out examples at every ID and OOD length.
@@ -192,7 +192,7 @@ def compare_attention(
         loaded[NOPE_PRIME] = as_model(nope_prime, NOPE_PRIME, device=device)
     for name, mi in (("nope", base), (NOPE_PRIME, loaded.get(NOPE_PRIME, base))):
         # one of ours must have NoPE layers (a SmolLM3-style mix does); a plain
-        # HookedTransformer is taken as given
+        # hooked model is taken as given
         pe = getattr(mi.model, "pe", None)
         if pe is not None and "nope" not in mi.layer_pe:
             raise ValueError(

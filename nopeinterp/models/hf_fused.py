@@ -1,0 +1,104 @@
+"""Fused attention for the HookedTransformers `from_hf` builds (TransformerLens 3.x).
+
+TransformerLens' attention always materialises the [batch, head, query, key] scores and
+pattern, so at real size (T = 1024 and more) a forward that reads only the residual stream
+spends most of its time and memory on them. `install_fused_attention` gives each supported
+attention module a forward that runs `F.scaled_dot_product_attention` instead whenever nothing
+needs the explicit tensors, as our own models' `PEAttention` does: no hook on
+`hook_attn_scores` or `hook_pattern` (a `run_with_cache` or `run_with_hooks` that reads them
+adds one, so it gets TL's own path), no KV cache, no extra additive mask or position bias.
+Every other hook (q, k, v, rot_q, rot_k, z, and those outside attention) fires as before.
+
+Supported: TL's `Attention` and `GroupedQueryAttention` with learned or rotary positions,
+global causal attention, and none of the options that change the scores (soft-capping, log-n
+scaling, attention sinks, QK clipping, OLMo's norm, a split attention result); any other
+module keeps TL's forward.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+
+EXPLICIT_HOOKS = ("hook_attn_scores", "hook_pattern")
+
+
+def fusable(attn) -> bool:
+    """Whether `attn` (a TL 3.x attention module) computes nothing SDPA would not."""
+    from transformer_lens.components import Attention, GroupedQueryAttention
+
+    cfg = attn.cfg
+    return (
+        type(attn) in (Attention, GroupedQueryAttention)
+        and cfg.positional_embedding_type in ("standard", "rotary")
+        and getattr(attn, "attn_type", "global") == "global"
+        and cfg.attention_dir == "causal"
+        and getattr(attn, "_attention_dir_override", None) in (None, "causal")
+        and not (cfg.attn_scores_soft_cap is not None and cfg.attn_scores_soft_cap > 0)
+        and not getattr(cfg, "use_logn_attn", False)
+        and not getattr(cfg, "use_attention_sinks", False)
+        and getattr(cfg, "clip_qkv", None) is None
+        and not getattr(cfg, "load_in_4bit", False)
+        and not cfg.use_attn_result
+        and not str(cfg.original_architecture).startswith("Olmo")
+    )
+
+
+def install_fused_attention(model) -> int:
+    """Give every fusable attention module of `model` the fused forward; returns how many."""
+    count = 0
+    for block in model.blocks:
+        attn = block.attn
+        if fusable(attn):
+            attn.forward = types.MethodType(_forward, attn)
+            count += 1
+    return count
+
+
+def _forward(
+    self,
+    query_input,
+    key_input,
+    value_input,
+    past_kv_cache_entry=None,
+    additive_attention_mask=None,
+    attention_mask=None,
+    position_bias=None,
+):
+    explicit = (
+        past_kv_cache_entry is not None
+        or additive_attention_mask is not None
+        or position_bias is not None
+        or any(getattr(self, name).has_hooks() for name in EXPLICIT_HOOKS)
+    )
+    if explicit:  # TL's own forward, unchanged
+        return type(self).forward(
+            self, query_input, key_input, value_input, past_kv_cache_entry,
+            additive_attention_mask, attention_mask, position_bias,
+        )  # fmt: skip
+    q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)
+    if self.cfg.positional_embedding_type == "rotary":
+        q = self.hook_rot_q(self.apply_rotary(q, 0, attention_mask))
+        k = self.hook_rot_k(self.apply_rotary(k, 0, attention_mask))
+    repeat = getattr(self, "repeat_kv_heads", 1)
+    if repeat > 1 and not self.cfg.ungroup_grouped_query_attention:
+        k = torch.repeat_interleave(k, dim=2, repeats=repeat)
+        v = torch.repeat_interleave(v, dim=2, repeats=repeat)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
+    scale = 1.0 / float(self.attn_scale)
+    if attention_mask is None or bool(attention_mask.all()):
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    else:
+        # TL's mask: causal and the key's padding flag; a row with no visible key (a left
+        # pad) has a NaN pattern that TL zeroes, so its z is zero here too
+        n = q.shape[2]
+        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        visible = causal[None, None] & attention_mask[:, None, None, :].bool().to(q.device)
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
+        z = z.masked_fill(~visible.any(-1, keepdim=True), 0.0)
+    z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
+    w = self.W_O.reshape(-1, self.W_O.shape[-1])  # [(head d_head), d_model]
+    z = z.reshape(z.shape[0], z.shape[1], -1).to(w.dtype)
+    return F.linear(z, w.T, self.b_O.to(z.device))
