@@ -5,6 +5,7 @@
         [--splits rsc mc] [--seeds 0]                                  # a part (same runs)
     python analyses/reproduction_v3.py gpu [--workers 8] [--commit]    # on a GPU node, bf16
     python analyses/reproduction_v3.py table [--out DIR]               # tables, comparison
+    python analyses/reproduction_v3.py report                          # REPORT.md's section
 
 Every run: `--preset repro-t5` (the paper's T5 decoder, 4 layers, 2 heads of 64, d_model 128),
 learning rate V3_LR, trained until ID validation exact match >= 0.95 on two evaluations in a
@@ -203,65 +204,154 @@ def against_v2(runs: pd.DataFrame) -> pd.DataFrame:
     return repro.in_paper_order(out, "split")
 
 
+def results(root: Path | None = None) -> dict:
+    """Everything the tables and the report show, computed once from the committed records:
+    runs, convergence, against_v2, status; on complete (split, seed) cells also the paper
+    comparison (`comparison`), its seeds per split (`cells`) and the claim-1 `verdict`."""
+    from nopeinterp.paper import claim1_verdict, compare_with_paper, paper_runs
+
+    runs = grid_runs(root)
+    done = runs[runs["status"] == "done"]
+    hours = done["train_wall_s"].sum() / 3600
+    out = {
+        "runs": runs,
+        "convergence": convergence(runs),
+        "against_v2": against_v2(runs),
+        "status": (
+            f"{len(done)} of {len(runs)} runs done; {int(done['reached_target'].sum())} "
+            f"reached {V3_TARGET} ID validation, {int(done['capped'].sum())} capped at "
+            f"{V3_STEPS} steps below it (kept in every table); {hours:.1f} h of training "
+            "wall time"
+        ),
+        "comparison": None,
+        "cells": {},
+        "verdict": None,
+    }
+    ours = repro.complete_cells(runs)
+    if not ours.empty:
+        splits = [s for s in V3_SPLITS if s in set(ours["split"])]
+        out["comparison"] = compare_with_paper(
+            ours[["split", "pe", "seed", "ood_accuracy"]], paper_runs(), splits=splits
+        )
+        out["cells"] = ours.groupby("split")["seed"].nunique().to_dict()
+        out["verdict"] = claim1_verdict(out["comparison"].separation)
+    return out
+
+
+V2_NOTE = (
+    "Mean best ID validation and OOD exact match per split and PE. v2: 1,500 steps, 8 heads "
+    "of 16, the default architecture; v3: trained to 0.95 or 8,000 steps, 2 heads of 64, the "
+    "T5 decoder. Means over the seeds each grid has (seeds_v2, seeds_v3)."
+)
+
+
 def table(out: Path | None = None, root: Path | None = None) -> list[Path]:
     """Print and write the grid's tables into `out` (default results/reproduction/v3/tables/):
     its runs, convergence, the first grid beside it, and on complete (split, seed) cells the
     comparison with the paper, the MRR separation and the claim-1 verdict."""
     from _common import print_written, write_table
 
-    from nopeinterp.paper import claim1_verdict, compare_with_paper, paper_runs
-
-    runs = grid_runs(root)
+    r = results(root)
     out = Path(out) if out is not None else repro.RECORDS / V3 / "tables"
-    done = runs[runs["status"] == "done"]
-    if done.empty:
+    if (r["runs"]["status"] == "done").sum() == 0:
         raise NopeinterpError(f"{repro.RECORDS / V3}: no finished run of the grid yet")
-    hours = done["train_wall_s"].sum() / 3600
-    status = (
-        f"{len(done)} of {len(runs)} runs done; {int(done['reached_target'].sum())} reached "
-        f"{V3_TARGET} ID validation, {int(done['capped'].sum())} capped at {V3_STEPS} steps "
-        f"below it (kept in every table); {hours:.1f} h of training wall time"
-    )
-    print(status)
-    paths = write_table(runs, out, "runs", title="Reproduction v3: runs", notes=status + ".")
-    conv = convergence(runs)
-    print("\n" + conv.to_string(index=False))
+    print(r["status"])
+    paths = write_table(r["runs"], out, "runs", title="Reproduction v3: runs", notes=r["status"])
+    print("\n" + r["convergence"].to_string(index=False))
     paths += write_table(
-        conv, out, "convergence", title=f"Runs that reached {V3_TARGET} ID validation",
+        r["convergence"], out, "convergence",
+        title=f"Runs that reached {V3_TARGET} ID validation",
         notes="Per split and PE, over the runs done so far.",
     )  # fmt: skip
-    v2 = against_v2(runs)
     paths += write_table(
-        v2, out, "against_v2", title="The first grid beside this one",
-        notes="Mean best ID validation and OOD exact match per split and PE. v2: 1,500 steps, "
-        "8 heads of 16, the default architecture; v3: trained to 0.95 or 8,000 steps, 2 heads "
-        "of 64, the T5 decoder. Means over the seeds each grid has (seeds_v2, seeds_v3).",
-    )  # fmt: skip
-    ours = repro.complete_cells(runs)
-    if ours.empty:
+        r["against_v2"], out, "against_v2", title="The first grid beside this one", notes=V2_NOTE
+    )
+    if r["comparison"] is None:
         print("\nno complete (split, seed) cell yet: no comparison with the paper")
         print_written(paths)
         return paths
-    splits = [s for s in V3_SPLITS if s in set(ours["split"])]
-    comparison = compare_with_paper(
-        ours[["split", "pe", "seed", "ood_accuracy"]], paper_runs(), splits=splits
-    )
-    cells = ours.groupby("split")["seed"].nunique().to_dict()
-    for name, df in comparison.tables().items():
+    cells = r["cells"]
+    for name, df in r["comparison"].tables().items():
         print(f"\n{name}:\n" + df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
         paths += write_table(
             df, out, name, title=name.replace("_", " "),
             notes=f"Complete (split, seed) cells only; seeds per split: {cells}.",
         )  # fmt: skip
-    verdict = claim1_verdict(comparison.separation)
-    print(f"\nclaim 1 on complete cells ({len(ours)} runs, seeds per split {cells}): {verdict}")
+    print(f"\nclaim 1 on complete cells (seeds per split {cells}): {r['verdict']}")
+    verdict = pd.DataFrame([{"claim": 1, "verdict": r["verdict"], "cells": str(cells)}])
     paths += write_table(
-        pd.DataFrame([{"claim": 1, "verdict": verdict, "runs": len(ours), "cells": str(cells)}]),
-        out, "claim1_verdict", title="Claim 1 by the protocol's decision rule",
+        verdict, out, "claim1_verdict", title="Claim 1 by the protocol's decision rule",
         notes="NoPE above an explicit PE only if its MRR interval lies wholly above that PE's.",
     )  # fmt: skip
     print_written(paths)
     return paths
+
+
+REPORT = Path(__file__).resolve().parent / "REPORT.md"
+BEGIN, END = "<!-- reproduction-v3:begin -->", "<!-- reproduction-v3:end -->"
+
+
+def report(root: Path | None = None, path: Path = REPORT) -> Path:
+    """Rewrite REPORT.md's section on this grid (between BEGIN and END) from the records."""
+    from _common import to_markdown
+
+    from nopeinterp._io import atomic_write_text
+
+    r = results(root)
+    lines = [
+        BEGIN,
+        "## Reproduction v3: converged models at the paper's head width",
+        "",
+        'Protocol: analyses/PROTOCOL.md, "Protocol of the reproduction grid, version 3", '
+        "committed before the first counted run. Regenerated by `python "
+        "analyses/reproduction_v3.py report` from the committed records in "
+        "analyses/results/reproduction/v3/ (tables: `python analyses/reproduction_v3.py "
+        "table`).",
+        "",
+        f"Status: {r['status']}.",
+        "",
+    ]
+    if (r["runs"]["status"] == "done").sum() == 0:
+        lines += ["No run has finished yet; nothing below is a result.", END]
+    else:
+        lines += [
+            f"Runs that reached {V3_TARGET} ID validation, per split and PE:",
+            "",
+            to_markdown(r["convergence"]),
+            "",
+            "The first grid beside this one. " + V2_NOTE,
+            "",
+            to_markdown(r["against_v2"]),
+            "",
+        ]
+        if r["comparison"] is None:
+            lines += [
+                "No (split, seed) cell has all five PEs yet: no comparison with the paper and "
+                "no verdict.",
+            ]
+        else:
+            mrr = r["comparison"].mrr
+            lines += [
+                f"MRR on complete (split, seed) cells (seeds per split: {r['cells']}), ours and "
+                "the paper's on the same splits, 95% bootstrap intervals:",
+                "",
+                to_markdown(mrr),
+                "",
+                f"**Claim 1 by the protocol's decision rule: {r['verdict']}** (on the cells "
+                "above; the grid's verdict is the one on all 60 runs).",
+            ]
+        lines.append(END)
+    text = "\n".join(lines)
+    body = path.read_text()
+    if BEGIN in body and END in body:
+        head, rest = body.split(BEGIN, 1)
+        body = head + text + rest.split(END, 1)[1]
+    else:  # first time: before Part 2, at the end of the reproduction's part
+        marker = "# Part 2:"
+        head, sep, tail = body.partition(marker)
+        body = head + text + "\n\n" + sep + tail if sep else body.rstrip("\n") + "\n\n" + text
+    atomic_write_text(path, body if body.endswith("\n") else body + "\n")
+    return path
 
 
 def main(argv=None) -> int:
@@ -277,6 +367,7 @@ def main(argv=None) -> int:
     u.add_argument("--commit", action="store_true", help="git-commit each finished record")
     t = sub.add_parser("table", help="the grid's tables, the paper comparison, the verdict")
     t.add_argument("--out", type=Path, default=None, help="default results/reproduction/v3/tables")
+    sub.add_parser("report", help="rewrite REPORT.md's section on this grid from the records")
     args = p.parse_args(argv)
     try:
         if args.command == "grid":
@@ -285,6 +376,8 @@ def main(argv=None) -> int:
             run_gpu(args.workers, args.commit)
         elif args.command == "table":
             table(args.out)
+        elif args.command == "report":
+            print(report())
     except NopeinterpError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

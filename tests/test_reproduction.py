@@ -630,6 +630,14 @@ def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
     assert conv.set_index("pe").loc["t5", "share_reached"].tolist() == [0.0] * 4
     got = pd.read_csv(tmp_path / "tables" / "claim1_verdict.csv")["verdict"].item()
     assert got.startswith(verdict)
+    report = tmp_path / "REPORT.md"
+    report.write_text("# Part 1\n\ntext\n\n# Part 2: later\n")
+    for _ in range(2):  # the section goes before Part 2, then is replaced in place
+        v3.report(path=report)
+    text = report.read_text()
+    assert text.count(v3.BEGIN) == 1 and text.index(v3.END) < text.index("# Part 2: later")
+    assert f"Claim 1 by the protocol's decision rule: {got}" in text
+    assert "60 of 60 runs done" in text
 
 
 def test_claim1_verdict_rule():
