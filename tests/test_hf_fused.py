@@ -56,16 +56,16 @@ def test_fused_equals_tl_attention(name, padding):
 
 
 def test_scores_and_pattern_are_computed_only_when_read(monkeypatch):
-    """Without a hook on the scores or pattern, no [batch, head, query, key] tensor is made."""
+    """Without a hook on the scores or pattern, no softmax over [batch, head, query, key] runs
+    (the attention is SDPA's); with one, it runs once per layer."""
     model = from_hf(tiny_hf("llama-gqa"))
     calls = []
-    for block in model.blocks:
-        original = block.attn.calculate_attention_scores
-        monkeypatch.setattr(
-            block.attn,
-            "calculate_attention_scores",
-            lambda q, k, original=original: calls.append(1) or original(q, k),
-        )
+    softmax = torch.nn.functional.softmax
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "softmax",
+        lambda x, *a, **k: calls.append(x.shape) or softmax(x, *a, **k),
+    )
     toks, mask = mask_for(tokens(), "right")
     with torch.no_grad():
         model(toks, attention_mask=mask)
@@ -83,3 +83,31 @@ def test_unsupported_attention_keeps_tl_forward(name):
     model = from_hf(tiny_hf(name))
     assert not any(fusable(b.attn) for b in model.blocks)
     assert all("forward" not in vars(b.attn) for b in model.blocks)
+
+
+def tl_only(model):
+    """The same model with TL's own attention forward back on every module."""
+    for block in model.blocks:
+        vars(block.attn).pop("forward", None)
+    return model
+
+
+@pytest.mark.parametrize("padding", PADDING)
+@pytest.mark.parametrize("name", ["gpt2-scaled", "neox", "llama-gqa"])
+def test_explicit_path_gives_tl_values_at_every_hook(name, padding):
+    """With a hook on the scores or pattern, the hook values and the outputs are TL's own."""
+    ours, theirs = from_hf(tiny_hf(name)), tl_only(from_hf(tiny_hf(name)))
+    toks, mask = mask_for(tokens(), padding)
+    real = torch.ones_like(toks, dtype=torch.bool) if mask is None else mask.bool()
+    read = ("hook_attn_scores", "hook_pattern", "hook_z", "hook_resid_post")
+    with torch.no_grad():
+        a, cache_a = ours.run_with_cache(
+            toks, attention_mask=mask, names_filter=lambda n: n.endswith(read)
+        )
+        b, cache_b = theirs.run_with_cache(
+            toks, attention_mask=mask, names_filter=lambda n: n.endswith(read)
+        )
+    assert cache_a.keys() == cache_b.keys() and len(cache_a) == 4 * ours.cfg.n_layers
+    torch.testing.assert_close(a[real], b[real], atol=1e-6, rtol=1e-6)
+    for key in cache_a:
+        torch.testing.assert_close(cache_a[key], cache_b[key], atol=1e-6, rtol=1e-6, msg=key)

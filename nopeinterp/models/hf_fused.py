@@ -5,9 +5,14 @@ pattern, so at real size (T = 1024 and more) a forward that reads only the resid
 spends most of its time and memory on them. `install_fused_attention` gives each supported
 attention module a forward that runs `F.scaled_dot_product_attention` instead whenever nothing
 needs the explicit tensors, as our own models' `PEAttention` does: no hook on
-`hook_attn_scores` or `hook_pattern` (a `run_with_cache` or `run_with_hooks` that reads them
-adds one, so it gets TL's own path), no KV cache, no extra additive mask or position bias.
-Every other hook (q, k, v, rot_q, rot_k, z, and those outside attention) fires as before.
+`hook_attn_scores` or `hook_pattern`, no KV cache, no extra additive mask or position bias.
+When a hook reads them (a `run_with_cache` or `run_with_hooks` that names them adds one), the
+same forward computes TL's explicit attention with the same hook values, but masks the scores
+in place and zeroes NaN rows of the pattern in place: at most the scores and the pattern of
+one layer are alive at once (TL's own forward also holds a masked copy, a `zeros_like` and a
+NaN mask of the same size). A KV cache, an additive mask or a position bias gets TL's own
+forward. Every other hook (q, k, v, rot_q, rot_k, z, and those outside attention) fires as
+before.
 
 Supported: TL's `Attention` and `GroupedQueryAttention` with learned or rotary positions,
 global causal attention, and none of the options that change the scores (soft-capping, log-n
@@ -67,13 +72,8 @@ def _forward(
     attention_mask=None,
     position_bias=None,
 ):
-    explicit = (
-        past_kv_cache_entry is not None
-        or additive_attention_mask is not None
-        or position_bias is not None
-        or any(getattr(self, name).has_hooks() for name in EXPLICIT_HOOKS)
-    )
-    if explicit:  # TL's own forward, unchanged
+    if any(x is not None for x in (past_kv_cache_entry, additive_attention_mask, position_bias)):
+        # TL's own forward, unchanged
         return type(self).forward(
             self, query_input, key_input, value_input, past_kv_cache_entry,
             additive_attention_mask, attention_mask, position_bias,
@@ -87,17 +87,32 @@ def _forward(
         k = torch.repeat_interleave(k, dim=2, repeats=repeat)
         v = torch.repeat_interleave(v, dim=2, repeats=repeat)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
-    scale = 1.0 / float(self.attn_scale)
-    if attention_mask is None or bool(attention_mask.all()):
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    else:
-        # TL's mask: causal and the key's padding flag; a row with no visible key (a left
-        # pad) has a NaN pattern that TL zeroes, so its z is zero here too
-        n = q.shape[2]
-        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-        visible = causal[None, None] & attention_mask[:, None, None, :].bool().to(q.device)
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
-        z = z.masked_fill(~visible.any(-1, keepdim=True), 0.0)
+    padded = attention_mask is not None and not bool(attention_mask.all())
+    n = q.shape[2]
+    explicit = any(getattr(self, name).has_hooks() for name in EXPLICIT_HOOKS)
+    visible = None
+    if padded or explicit:
+        # TL's mask: causal and the key's padding flag
+        visible = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()[None, None]
+        if padded:
+            visible = visible & attention_mask[:, None, None, :].bool().to(q.device)
+    if not explicit:
+        scale = 1.0 / float(self.attn_scale)
+        if visible is None:
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        else:
+            # a row with no visible key (a left pad) has a NaN pattern that TL zeroes, so its
+            # z is zero here too
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
+            z = z.masked_fill(~visible.any(-1, keepdim=True), 0.0)
+    else:  # TL's explicit attention, the same values at its hooks
+        scores = (q @ k.transpose(-1, -2)).div_(self.attn_scale)
+        scores = self.hook_attn_scores(scores.masked_fill_(~visible, float("-inf")))
+        pattern = F.softmax(scores, dim=-1)
+        del scores  # unless a hook keeps it
+        pattern = self.hook_pattern(pattern.nan_to_num_(0.0))  # rows with no visible key
+        z = pattern.to(v.dtype) @ v
+        del pattern
     z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
     w = self.W_O.reshape(-1, self.W_O.shape[-1])  # [(head d_head), d_model]
     z = z.reshape(z.shape[0], z.shape[1], -1).to(w.dtype)
