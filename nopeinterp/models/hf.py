@@ -51,8 +51,8 @@ from nopeinterp.models.config import ModelConfig
 from nopeinterp.models.context import DEFAULT_MAX_CTX, HFModelError, _ctx
 from nopeinterp.models.hf_fused import install_fused_attention
 
-# Rotary and ALiBi models have no hard length limit, but TL keeps an n_ctx x n_ctx causal mask
-# per layer (and a rotary table of n_ctx rows): their context is capped at this by default.
+# Rotary and ALiBi models have no hard length limit, but TL keeps a rotary table of n_ctx rows
+# per layer (and older TL versions an n_ctx x n_ctx mask): their context is capped by default.
 
 # transformers activation names -> TL's (only those whose formulas agree).
 _ACTIVATIONS = {
