@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
+from nopeinterp._memory import release_free_memory
 from nopeinterp.data import Sequences
 from nopeinterp.hooks import act_name, block_of
 from nopeinterp.progress import progress as progress_bar
@@ -160,6 +161,7 @@ def stream(
                 del activations
                 yield idx, mask, {key: value[0] if isinstance(hook_names[key], str) else value}
                 del value
+            release_free_memory()  # the pass's temporaries, before the next batch's
             bar.update(1)
 
 

@@ -47,6 +47,7 @@ from typing import ClassVar
 import pandas as pd
 import torch
 
+from nopeinterp._memory import release_free_memory
 from nopeinterp.data import Sequences, Splits
 from nopeinterp.hooks import act_name
 from nopeinterp.inputs import ModelInput, analysis_front, describe
@@ -207,6 +208,7 @@ def _fit_and_eval(
                 )
         weights[layer] = (W, c)
     del stats
+    release_free_memory()
 
     metrics = {
         (g, split, layer): _Metrics()
@@ -360,6 +362,7 @@ def run_probe_position(mi: ModelInput, sets: Splits, opts: ProbeOptions) -> Prob
     }
     if opts.random_baseline:
         fresh = random_init_like(model, opts.random_init_seed)
+        release_free_memory()  # the transformers model the twin was converted from
         meta["random_init_seed"] = fresh.cfg.seed
         r_rows, r_alpha, r_probes = _fit_and_eval(
             fresh,
