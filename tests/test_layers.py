@@ -16,7 +16,7 @@ ROOT = Path(nopeinterp.__file__).parent
 
 # Lowest first. A module belongs to the layer of its longest listed prefix.
 LAYERS = [
-    ("foundation", ["nopeinterp", "nopeinterp.errors", "nopeinterp._io", "nopeinterp._tl", "nopeinterp._lazy",
+    ("foundation", ["nopeinterp", "nopeinterp.errors", "nopeinterp._io", "nopeinterp._memory", "nopeinterp._tl", "nopeinterp._lazy",
                     "nopeinterp.progress", "nopeinterp.hooks", "nopeinterp.results",
                     "nopeinterp.options"]),
     ("tasks", ["nopeinterp.tasks"]),
