@@ -414,3 +414,17 @@ def test_compare_attention_rejects_mismatched_checkpoints(copy_setup, tmp_path):
         compare_attention(a, {"t5": b}, torch.zeros(1, 4, dtype=torch.long), progress=False)
     with pytest.raises(ValueError, match="vocabular"):
         compare_attention(m["nope"], {"x": build_model("nope", **ARCH)}, None, progress=False)
+
+
+def test_bfloat16_patterns_are_compared_in_float32(model, other, tokens):
+    """A bfloat16 model's patterns: the divergence is computed in float32 (the same numbers as
+    float32 copies of the same bfloat16 values), and compare_attention runs on bf16 models."""
+    pa = attention_patterns(model, tokens, layers=[0])[0].bfloat16()
+    pb = attention_patterns(other, tokens, layers=[0])[0].bfloat16()
+    got = head_pair_divergence(pa, pb)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, head_pair_divergence(pa.float(), pb.float()))
+    half = tiny("nope", seed=3, dtype=torch.bfloat16)
+    cmp = compare_attention(half, {"ref": tiny("t5", seed=4, dtype=torch.bfloat16)}, n_per_length=1)
+    numeric = cmp.table.select_dtypes("number")
+    assert len(numeric.columns) and np.isfinite(numeric.to_numpy()).all()

@@ -129,7 +129,10 @@ def head_pair_divergence_sum(
         raise ValueError(
             f"pattern shapes differ: {tuple(pattern_a.shape)} vs {tuple(pattern_b.shape)}"
         )
-    dtype = torch.promote_types(pattern_a.dtype, pattern_b.dtype)
+    # at least float32: the logs and sums of a bfloat16 model's patterns lose too much in it
+    dtype = torch.promote_types(
+        torch.promote_types(pattern_a.dtype, pattern_b.dtype), torch.float32
+    )
     valid_rows = valid_rows.bool().to(pattern_a.device)
     rows, cols = torch.tril_indices(n_q, n_k, offset=row0, device=pattern_a.device)
     flat = rows * n_k + cols  # causal cells of a row-major [R, N] block
