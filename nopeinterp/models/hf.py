@@ -428,14 +428,12 @@ def from_hf(
             model.setup()  # re-name the hook points of the new modules
         if "pos_embed" in model._modules and "pos_embed.W_pos" not in state_dict:
             state_dict["pos_embed.W_pos"] = torch.zeros_like(model.pos_embed.W_pos)  # unused
-        model.load_and_process_state_dict(
-            state_dict,  # copied key by key into the new parameters: nothing is shared
-            fold_ln=False,
-            center_writing_weights=False,
-            center_unembed=False,
-            fold_value_biases=False,
-            refactor_factored_attn_matrices=False,
-        )
+        # TL's load_and_process_state_dict without its processing step, which we turn off:
+        # that step still copies every weight to float32 and back (for a bf16 1B model, a
+        # 9 GB peak from 2.3 GB of weights). Copied key by key: nothing is shared.
+        state_dict = model.fill_missing_keys(state_dict)
+        for key in list(state_dict):
+            model.load_state_dict({key: state_dict.pop(key)}, strict=False)
     model.to(cfg.device, print_details=False)
     install_fused_attention(model)  # SDPA whenever no hook reads the scores or pattern
     model.pe_options = (
