@@ -429,7 +429,7 @@ def commit_records(paths: list[Path], message: str) -> None:
 
 
 def pilot(
-    lrs=PILOT_LRS, steps: int = PILOT_STEPS, splits=PILOT_SPLITS, commit=False, pes=FIVE_PES
+    lrs=PILOT_LRS, steps: int = PILOT_STEPS, splits=PILOT_SPLITS, commit=False, pes=None
 ) -> None:
     """The pilot: every (split, PE) of `splits` and `pes` at seed 0 with `--preset repro-t5`, one rate
     after the other, each run until PILOT_STOP or `steps`; its test set decoded at the end.
@@ -439,6 +439,7 @@ def pilot(
     for split in splits:
         if split not in PAPER_SPLITS:
             raise NopeinterpError(f"unknown split {split!r}; choose from {', '.join(PAPER_SPLITS)}")
+    pes = FIVE_PES if pes is None else pes
     for lr in lrs:
         folder = pilot_folder(steps, lr)
         runs = {
