@@ -130,7 +130,9 @@ def test_cli_train_killed_at_random_points_resumes_to_the_same_weights(tmp_path,
         # delay, so each of the two kills lands mid-run whatever the speed.
         for _ in range(12):
             proc = Child([*args, "--resume"] if out.exists() else args, tmp_path / "logs")
-            if kill_when(proc, out.exists, delay):
+            # killed mid-run only if the training state is still there: a run killed while
+            # exiting after its last step has finished (and removed it)
+            if kill_when(proc, out.exists, delay) and Path(str(out) + ".state.pt").exists():
                 break
             for leftover in tmp_path.glob("ck.pt*"):
                 leftover.unlink()
