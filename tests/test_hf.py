@@ -7,6 +7,7 @@ import pytest
 import torch
 import transformers as tf
 
+from nopeinterp._tl import TL4
 from nopeinterp.errors import NopeinterpError
 from nopeinterp.models import layer_pes
 from nopeinterp.models.hf import DEFAULT_MAX_CTX, SUPPORTED_ARCHITECTURES, HFModelError, from_hf
@@ -170,6 +171,28 @@ def test_logits_match_transformers(name):
         for param in model.parameters():
             param.zero_()
         torch.testing.assert_close(hf(toks).logits, before, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name, tied", [("gpt2", True), ("llama", True), ("llama-gqa", False)])
+def test_weights_are_held_once_as_in_transformers(name, tied):
+    """A tied LM head stays tied: the unembedding is the embedding's storage, so the model holds
+    as many weight bytes as transformers' (TL's converter would hold a second copy)."""
+    hf = tiny_hf(name)
+    assert hf.config.tie_word_embeddings == tied
+    model = from_hf(hf)
+    if TL4:  # a bridge holds transformers' own modules
+        return
+    W_E, W_U = model.embed.W_E, model.unembed.W_U
+    assert (W_U.untyped_storage().data_ptr() == W_E.untyped_storage().data_ptr()) == tied
+    held = {
+        p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()
+    }
+    hf_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # unique parameters
+    # beyond transformers' weights: only the zero biases TL's blocks have, not a second W_E
+    assert 0 <= sum(held.values()) - hf_bytes < W_E.numel() * W_E.element_size()
+    with torch.no_grad():
+        toks = tokens()
+        torch.testing.assert_close(model(toks), hf(toks).logits, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -1,5 +1,6 @@
-"""The fused attention of imported models (TL 3.x HookedTransformers from `from_hf`): the same
-values as TL's own attention, which runs only when a hook reads the scores or the pattern."""
+"""The fused attention and GELU of imported models (TL 3.x HookedTransformers from `from_hf`):
+the same values as TL's own attention, which runs only when a hook reads the scores or the
+pattern, and as TL's GELU formula."""
 
 import pytest
 import torch
@@ -86,10 +87,48 @@ def test_unsupported_attention_keeps_tl_forward(name):
 
 
 def tl_only(model):
-    """The same model with TL's own attention forward back on every module."""
+    """The same model with TL's own attention forward and activation back on every block."""
+    from transformer_lens.factories.activation_function_factory import ActivationFunctionFactory
+
     for block in model.blocks:
         vars(block.attn).pop("forward", None)
+        block.mlp.act_fn = ActivationFunctionFactory.pick_activation_function(model.cfg)
     return model
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt2-scaled"])
+def test_tanh_gelu_is_one_kernel_with_tl_values(name, monkeypatch):
+    """GPT-2's `gelu_new` runs as one GELU kernel (TL's formula keeps three or four
+    [batch, pos, d_mlp] temporaries alive): no eager tanh, and TL's values at every hook
+    (to float32 rounding: the kernel rounds once, the formula at each step)."""
+    ours, theirs = from_hf(tiny_hf(name)), tl_only(from_hf(tiny_hf(name)))
+    assert ours.cfg.act_fn == "gelu_new"
+    toks, mask = mask_for(tokens(), "right")
+    real = mask.bool()
+    read = ("hook_pre", "hook_post", "hook_resid_post")
+    with torch.no_grad():
+        b, cache_b = theirs.run_with_cache(
+            toks, attention_mask=mask, names_filter=lambda n: n.endswith(read)
+        )
+        tanh_calls = []
+        real_tanh = torch.tanh
+        monkeypatch.setattr(torch, "tanh", lambda x: tanh_calls.append(1) or real_tanh(x))
+        a, cache_a = ours.run_with_cache(
+            toks, attention_mask=mask, names_filter=lambda n: n.endswith(read)
+        )
+    assert tanh_calls == []
+    assert cache_a.keys() == cache_b.keys() and len(cache_a) == 3 * ours.cfg.n_layers
+    torch.testing.assert_close(a[real], b[real], atol=1e-5, rtol=1e-5)
+    for key in cache_a:
+        torch.testing.assert_close(cache_a[key], cache_b[key], atol=1e-5, rtol=1e-5, msg=key)
+
+
+def test_other_activations_keep_tl_functions():
+    from transformer_lens.factories.activation_function_factory import ActivationFunctionFactory
+
+    model = from_hf(tiny_hf("llama"))
+    expected = ActivationFunctionFactory.pick_activation_function(model.cfg)
+    assert all(block.mlp.act_fn is expected for block in model.blocks)
 
 
 @pytest.mark.parametrize("padding", PADDING)

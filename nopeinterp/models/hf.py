@@ -49,7 +49,7 @@ from nopeinterp.models.alibi import alibi_slopes
 from nopeinterp.models.codellm import CodeLLMError, from_codellm, is_codellm_dir
 from nopeinterp.models.config import ModelConfig
 from nopeinterp.models.context import DEFAULT_MAX_CTX, HFModelError, _ctx
-from nopeinterp.models.hf_fused import install_fused_attention
+from nopeinterp.models.hf_fused import install_fused_activation, install_fused_attention
 
 # Rotary and ALiBi models have no hard length limit, but TL keeps a rotary table of n_ctx rows
 # per layer (and older TL versions an n_ctx x n_ctx mask): their context is capped by default.
@@ -359,6 +359,21 @@ def _load_dir(path: Path, tokenizer):
     return hf, tokenizer
 
 
+def _tied_unembedding(hf_config, state_dict) -> bool:
+    """Whether the converted unembedding is the embedding transposed (a tied LM head)."""
+    text_config = (
+        hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    )
+    W_E, W_U = state_dict.get("embed.W_E"), state_dict.get("unembed.W_U")
+    return (
+        bool(getattr(text_config, "tie_word_embeddings", False))
+        and W_E is not None
+        and W_U is not None
+        and W_U.shape == W_E.T.shape
+        and torch.equal(W_U, W_E.T)
+    )
+
+
 def from_hf(
     model_or_local_dir,
     *,
@@ -432,10 +447,17 @@ def from_hf(
         # that step still copies every weight to float32 and back (for a bf16 1B model, a
         # 9 GB peak from 2.3 GB of weights). Copied key by key: nothing is shared.
         state_dict = model.fill_missing_keys(state_dict)
+        tied = _tied_unembedding(hf_config, state_dict)
+        if tied:  # W_U becomes a view of W_E below: its own (untouched) storage is dropped
+            del state_dict["unembed.W_U"]
         for key in list(state_dict):
             model.load_state_dict({key: state_dict.pop(key)}, strict=False)
     model.to(cfg.device, print_details=False)
+    if tied:  # one tensor, as in the Hugging Face model (TL's converter would hold a copy)
+        W_E = model.embed.W_E
+        model.unembed.W_U = torch.nn.Parameter(W_E.T, requires_grad=W_E.requires_grad)
     install_fused_attention(model)  # SDPA whenever no hook reads the scores or pattern
+    install_fused_activation(model)  # one GELU kernel, not the formula's temporaries
     model.pe_options = (
         {"fraction": cfg.rotary_dim / cfg.d_head, "base": cfg.rotary_base}
         if family.pe == "rotary"

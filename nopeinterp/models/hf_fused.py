@@ -18,10 +18,17 @@ Supported: TL's `Attention` and `GroupedQueryAttention` with learned or rotary p
 global causal attention, and none of the options that change the scores (soft-capping, log-n
 scaling, attention sinks, QK clipping, OLMo's norm, a split attention result); any other
 module keeps TL's forward.
+
+`install_fused_activation` does the same for the MLP's tanh-approximated GELU (GPT-2's
+`gelu_new`, `gelu_fast`, `gelu_pytorch_tanh`): TL evaluates the formula in eager steps, each a
+[batch, pos, d_mlp] temporary (three or four alive at once, the largest term of a long
+forward's memory); `F.gelu(approximate="tanh")` is one kernel for the same function (within
+float32 rounding; in bfloat16 it rounds once where the formula rounds at every step).
 """
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -58,6 +65,23 @@ def install_fused_attention(model) -> int:
         attn = block.attn
         if fusable(attn):
             attn.forward = types.MethodType(_forward, attn)
+            count += 1
+    return count
+
+
+TANH_GELUS = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh")
+
+
+def install_fused_activation(model) -> int:
+    """Give every MLP of `model` whose activation is a tanh-approximated GELU the one-kernel
+    GELU; returns how many. `hook_pre` and `hook_post` fire as before."""
+    if model.cfg.act_fn not in TANH_GELUS:
+        return 0
+    count = 0
+    for block in model.blocks:
+        mlp = getattr(block, "mlp", None)
+        if mlp is not None and hasattr(mlp, "act_fn"):
+            mlp.act_fn = functools.partial(F.gelu, approximate="tanh")
             count += 1
     return count
 

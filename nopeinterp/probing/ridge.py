@@ -55,7 +55,8 @@ class RidgeStats:
     def update(self, X: torch.Tensor, Y: torch.Tensor) -> RidgeStats:
         """Add rows X [n, d], Y [n, k]. Y may be a sparse COO tensor (one-hot targets): its
         sums then cost its nonzeros, not n x k."""
-        X = X.detach().to(_DTYPE).reshape(-1, self.d)
+        # a float64 copy of its own, so the shift is subtracted in place (one n x d buffer)
+        X = X.detach().reshape(-1, self.d).to(_DTYPE, copy=True)
         Y = Y.detach().to(_DTYPE)
         Y = Y.coalesce() if Y.is_sparse else Y.reshape(-1, self.k)
         if Y.shape[1] != self.k:
@@ -66,8 +67,8 @@ class RidgeStats:
             return self
         if self.shift is None:
             self.shift = X.mean(0)
-        Xs = X - self.shift
-        self.n += X.shape[0]
+        Xs = X.sub_(self.shift)
+        self.n += Xs.shape[0]
         self.sx += Xs.sum(0)
         self.sxx += Xs.T @ Xs
         if Y.is_sparse:
