@@ -127,17 +127,19 @@ def split_runs(split: str, seeds=None) -> list:
     return grid([task_spec(split)], FIVE_PES, SEEDS if seeds is None else seeds)
 
 
-def zoo_folder(lr: float, split: str) -> tuple[Path, list[str]]:
-    """A folder of the finished runs of one split at `lr`, linked under the zoo's names
-    (`scan-nope.pt`, `scan-t5-seed1.pt`, ...), so the analysis scripts read them as they read
-    checkpoints/. Returns the folder and the runs not finished yet (not linked)."""
-    dest = RUNS / "zoo" / lr_folder(lr) / split
+def zoo_folder(lr: float, split: str, folder: Path | None = None) -> tuple[Path, list[str]]:
+    """A folder of the finished runs of one split at `lr` (under runs/reproduction/`folder`,
+    default `lr=<lr>`), linked under the zoo's names (`scan-nope.pt`, `scan-t5-seed1.pt`, ...),
+    so the analysis scripts read them as they read checkpoints/. Returns the folder and the runs
+    not finished yet (not linked)."""
+    folder = Path(lr_folder(lr)) if folder is None else folder
+    dest = RUNS / "zoo" / folder / split
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("*.pt"):
         old.unlink()
     missing = []
     for spec in split_runs(split):
-        run = RUNS / lr_folder(lr) / run_name(spec)
+        run = RUNS / folder / run_name(spec)
         if not (run / RECORD).exists() or not (run / CHECKPOINT).exists():
             missing.append(run_name(spec))
             continue
@@ -146,10 +148,13 @@ def zoo_folder(lr: float, split: str) -> tuple[Path, list[str]]:
     return dest, missing
 
 
-def analyse(lr: float, splits=ANALYSED_SPLITS, quick: bool = False) -> None:
+def analyse(
+    lr: float, splits=ANALYSED_SPLITS, quick: bool = False, folder: Path | None = None
+) -> None:
     """Position probes, distance dependence and attention similarity (the scripts of
-    analyses/, unchanged) on the finished grid runs of each split, into
-    analyses/results/reproduction/analyses/lr=<lr>/<split>/."""
+    analyses/, unchanged) on the finished grid runs of each split (under runs/reproduction/
+    `folder`, default `lr=<lr>`), into analyses/results/reproduction/analyses/lr=<lr>/<split>/
+    (or <folder>/analyses/<split>/)."""
     import attention_similarity
     import distance_dependence
     import position_probes
@@ -158,14 +163,18 @@ def analyse(lr: float, splits=ANALYSED_SPLITS, quick: bool = False) -> None:
         if split not in PAPER_SPLITS:
             raise NopeinterpError(f"unknown split {split!r}; choose from {', '.join(PAPER_SPLITS)}")
     for split in splits:
-        folder, missing = zoo_folder(lr, split)
-        if not any(folder.glob("*.pt")):
+        zoo, missing = zoo_folder(lr, split, folder)
+        if not any(zoo.glob("*.pt")):
             print(f"{split}: no finished run at lr={lr:g} yet, nothing to analyse", flush=True)
             continue
         if missing:
             print(f"{split}: {len(missing)} runs not finished, analysed without them", flush=True)
-        out = RECORDS / "analyses" / lr_folder(lr) / split
-        args = ["--checkpoints", str(folder), "--out", str(out), *(["--quick"] if quick else [])]
+        out = (
+            RECORDS / "analyses" / lr_folder(lr) / split
+            if folder is None
+            else RECORDS / folder / "analyses" / split
+        )
+        args = ["--checkpoints", str(zoo), "--out", str(out), *(["--quick"] if quick else [])]
         task = PAPER_SPLITS[split].task_name
         position_probes.main(args)
         distance_dependence.main(args)

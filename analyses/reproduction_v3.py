@@ -6,6 +6,7 @@
     python analyses/reproduction_v3.py gpu [--workers 8] [--commit]    # on a GPU node, bf16
     python analyses/reproduction_v3.py table [--out DIR]               # tables, comparison
     python analyses/reproduction_v3.py report                          # REPORT.md's section
+    python analyses/reproduction_v3.py analyse [--splits rsc mdlen]    # claims 2-4
 
 Every run: `--preset repro-t5` (the paper's T5 decoder, 4 layers, 2 heads of 64, d_model 128),
 learning rate V3_LR, trained until ID validation exact match >= 0.95 on two evaluations in a
@@ -103,6 +104,17 @@ def run_grid(splits=None, seeds=None, workers=1, commit=False, extra=None) -> No
             preset=PRESET, overrides=overrides(**(extra or {})), workers=workers,
             test="eval_set", log=log,
         )  # fmt: skip
+
+
+ANALYSED = ("rsc", "mdlen")  # the protocol's claims 2-4 run on these splits' checkpoints
+
+
+def analyse(splits=ANALYSED, quick: bool = False) -> None:
+    """Claims 2-4 (position probes, distance dependence, attention similarity with NoPE-prime:
+    the first grid's scripts) on this grid's finished checkpoints of `splits`, every seed
+    there is, into analyses/results/reproduction/v3/lr=<lr>/analyses/<split>/."""
+    splits, _ = _check_part(splits, None)
+    repro.analyse(V3_LR, splits, quick=quick, folder=V3 / repro.lr_folder(V3_LR))
 
 
 GPU_CHECK_DEVICES = (("cpu", "fp32"), ("cuda", "bf16"))  # (device, precision): reference, GPU
@@ -368,6 +380,9 @@ def main(argv=None) -> int:
     t = sub.add_parser("table", help="the grid's tables, the paper comparison, the verdict")
     t.add_argument("--out", type=Path, default=None, help="default results/reproduction/v3/tables")
     sub.add_parser("report", help="rewrite REPORT.md's section on this grid from the records")
+    a = sub.add_parser("analyse", help="claims 2-4 on this grid's finished checkpoints")
+    a.add_argument("--splits", nargs="+", choices=list(V3_SPLITS), default=list(ANALYSED))
+    a.add_argument("--quick", action="store_true", help="small sets (a smoke run)")
     args = p.parse_args(argv)
     try:
         if args.command == "grid":
@@ -378,6 +393,8 @@ def main(argv=None) -> int:
             table(args.out)
         elif args.command == "report":
             print(report())
+        elif args.command == "analyse":
+            analyse(args.splits, args.quick)
     except NopeinterpError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -321,6 +321,32 @@ def test_sinusoidal_embedding_values(tiny):
     assert not [k for k, v in model.named_parameters() if "pos" in k]
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "halves"])
+def test_sinusoidal_rows_are_looked_up_as_computed(tiny, layout):
+    """The embedding's cached rows give what the formula gives at each token's position: no
+    padding, left padding, a KV-cache offset, and positions past n_ctx (the table grows)."""
+    from nopeinterp.models.ape import SinusoidalPosEmbed, sinusoidal_embedding
+
+    model = tiny("sinusoidal")
+    module = SinusoidalPosEmbed(model.cfg, layout)
+    d, n_ctx = model.cfg.d_model, model.cfg.n_ctx
+    toks = tokens(2, 6)
+    got = module(toks)
+    torch.testing.assert_close(
+        got, sinusoidal_embedding(torch.arange(6), d, layout).expand(2, 6, d)
+    )
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    want = sinusoidal_embedding(torch.tensor([[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]]), d, layout)
+    want[0, :2] = 0
+    torch.testing.assert_close(module(toks, attention_mask=mask), want)
+    far = module(tokens(1, 3), past_kv_pos_offset=n_ctx + 4)[0]
+    torch.testing.assert_close(
+        far, sinusoidal_embedding(torch.arange(n_ctx + 4, n_ctx + 7), d, layout)
+    )
+    got[:] = 0  # a caller writing into its embedding leaves the cached rows alone
+    torch.testing.assert_close(module(toks)[0], sinusoidal_embedding(torch.arange(6), d, layout))
+
+
 def test_pe_options_are_checked(tiny):
     with pytest.raises(TypeError, match="takes no options"):
         tiny("nope", num_buckets=3)

@@ -583,6 +583,23 @@ def test_v3_grid_runs_the_protocol_settings_seed_major_and_resumes(tmp_path, mon
         v3.run_grid(splits=["cmc"], seeds=[7])
 
 
+def test_v3_analyse_runs_claims_2_to_4_on_the_grids_checkpoints(tmp_path, monkeypatch):
+    """`analyse` reads this grid's own run folders (not the first grid's) and writes under
+    results/reproduction/v3/lr=<lr>/analyses/<split>/; NoPE-prime is the NoPE run of seed 1."""
+    v3, _ = _v3(monkeypatch, tmp_path)
+    v3.run_grid(splits=["rsc"], seeds=[0, 1])
+    v3.analyse(["rsc"], quick=True)
+    written = tmp_path / "records" / "v3" / "lr=0.001" / "analyses" / "rsc"
+    probes = pd.read_csv(written / "position_probes.csv")
+    assert set(probes["pe"]) == {"nope", "t5"} and set(probes["task"]) == {"copy"}
+    assert set(pd.read_csv(written / "distance_dependence.csv")["pe"]) == {"nope", "t5"}
+    refs = set(pd.read_csv(written / "attention_similarity.csv")["ref"])
+    assert refs == {"t5", "nope_prime"}
+    assert not (tmp_path / "records" / "analyses").exists()  # not the first grid's folder
+    with pytest.raises(NopeinterpError, match="not in the protocol: cmc"):
+        v3.analyse(["cmc"])
+
+
 def test_v3_gpu_check_compares_two_short_runs(tmp_path, monkeypatch):
     """The GPU's agreement check, run here with CPU bf16 autocast in the GPU's place."""
     v3, calls = _v3(monkeypatch, tmp_path)

@@ -76,29 +76,36 @@ def sinusoidal_embedding(
 
 class SinusoidalPosEmbed(nn.Module):
     """The sin/cos embedding of each token's position (counted from its sequence's first real
-    token under left padding; pads get 0), with no parameters."""
+    token under left padding; pads get 0), with no parameters. The rows are computed once per
+    layout and device (at least n_ctx of them) and looked up: they are a fixed function of
+    position, and computing them per token at every step cost a few percent of a step."""
 
     def __init__(self, cfg, layout: str = "interleaved"):
         super().__init__()
         self.cfg = cfg
         self.layout = layout
+        self._rows: tuple[tuple, torch.Tensor] | None = None  # ((layout, device), table)
+
+    def table(self, length: int, device) -> torch.Tensor:
+        """Rows 0..length-1 (at least) of the embedding, float32 on `device`."""
+        key = (self.layout, torch.device(device))
+        if self._rows is None or self._rows[0] != key or self._rows[1].shape[0] < length:
+            positions = torch.arange(max(length, self.cfg.n_ctx), device=device)
+            self._rows = (key, sinusoidal_embedding(positions, self.cfg.d_model, self.layout))
+        return self._rows[1]
 
     def forward(self, tokens, past_kv_pos_offset=0, attention_mask=None):
         batch, length = tokens.shape
+        end = past_kv_pos_offset + length
+        table = self.table(end, tokens.device)
         if attention_mask is None:
-            positions = torch.arange(
-                past_kv_pos_offset, past_kv_pos_offset + length, device=tokens.device
-            )
-            positions = positions.expand(batch, length)
-        else:
-            positions = get_offset_position_ids(past_kv_pos_offset, attention_mask)
-        emb = sinusoidal_embedding(positions.to(tokens.device), self.cfg.d_model, self.layout).to(
-            self.cfg.dtype
-        )
-        if attention_mask is not None:  # zero on pads, as a learned table gives
-            pad = ~attention_mask[:, past_kv_pos_offset:].bool()
-            emb = emb.masked_fill(pad[..., None], 0.0)
-        return emb
+            emb = table[past_kv_pos_offset:end].expand(batch, length, -1)
+            return emb.to(self.cfg.dtype, copy=True)
+        positions = get_offset_position_ids(past_kv_pos_offset, attention_mask)
+        emb = table[positions.to(tokens.device)].to(self.cfg.dtype)
+        # zero on pads, as a learned table gives
+        pad = ~attention_mask[:, past_kv_pos_offset:].bool()
+        return emb.masked_fill(pad[..., None], 0.0)
 
 
 class SinusoidalTransformer(PETransformer):
