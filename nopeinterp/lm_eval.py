@@ -67,9 +67,13 @@ def token_losses(model, tokens: torch.Tensor, *, batch_rows: int | None = None) 
     out = []
     for start in range(0, n, rows):
         x = tokens[start : start + rows].to(device)
-        logits = model(x)[:, :-1].float()
-        loss = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
-        out.append(loss.cpu())
+        logits = model(x)
+        # a row at a time: its [T-1, V] log-softmax, not a transposed copy of the batch's
+        # logits and a log-softmax as large (each the size of the logits themselves)
+        for i in range(x.shape[0]):
+            row = F.cross_entropy(logits[i, :-1].float(), x[i, 1:], reduction="none")
+            out.append(row[None].cpu())
+        del logits
     return torch.cat(out) if out else torch.zeros(0, t - 1)
 
 
