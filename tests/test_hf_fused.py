@@ -150,3 +150,32 @@ def test_explicit_path_gives_tl_values_at_every_hook(name, padding):
     torch.testing.assert_close(a[real], b[real], atol=1e-6, rtol=1e-6)
     for key in cache_a:
         torch.testing.assert_close(cache_a[key], cache_b[key], atol=1e-6, rtol=1e-6, msg=key)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa"])
+def test_unembed_adds_its_bias_only_when_it_has_one(name, monkeypatch):
+    """A Hugging Face LM head has no bias: the unembedding adds none (TL's zero `b_U` made it an
+    addmm that broadcasts the bias into every logit first), and a bias set later is added."""
+    import torch.nn.functional as F
+
+    model = from_hf(tiny_hf(name))
+    assert not model.unembed.b_U.any()
+    toks = tokens()
+    with torch.no_grad():
+        before = model(toks)
+        biased_calls = []
+        linear = F.linear
+
+        def spy(x, w, b=None):
+            if b is not None and b.shape == model.unembed.b_U.shape:
+                biased_calls.append(b)
+            return linear(x, w, b)
+
+        monkeypatch.setattr(F, "linear", spy)
+        assert torch.equal(model(toks), before)
+        assert biased_calls == []
+        model.unembed.b_U.add_(torch.arange(model.cfg.d_vocab, dtype=before.dtype))
+        shifted = model(toks)
+    assert len(biased_calls) == 1
+    expected = before + torch.arange(model.cfg.d_vocab, dtype=before.dtype)
+    torch.testing.assert_close(shifted, expected)

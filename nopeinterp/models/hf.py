@@ -49,7 +49,11 @@ from nopeinterp.models.alibi import alibi_slopes
 from nopeinterp.models.codellm import CodeLLMError, from_codellm, is_codellm_dir
 from nopeinterp.models.config import ModelConfig
 from nopeinterp.models.context import DEFAULT_MAX_CTX, HFModelError, _ctx
-from nopeinterp.models.hf_fused import install_fused_activation, install_fused_attention
+from nopeinterp.models.hf_fused import (
+    install_fused_activation,
+    install_fused_attention,
+    install_fused_unembed,
+)
 
 # Rotary and ALiBi models have no hard length limit, but TL keeps a rotary table of n_ctx rows
 # per layer (and older TL versions an n_ctx x n_ctx mask): their context is capped by default.
@@ -387,7 +391,8 @@ def from_hf(
     by `save_pretrained`. `tokenizer`: attached as is (default: the directory's own, if any).
     `device`: default the Hugging Face model's device (cpu for a directory). `n_ctx`: the longest
     input; default the model's own limit, capped at DEFAULT_MAX_CTX for rotary and ALiBi
-    models (GPT-2's learned positions are a hard limit). Weights keep their dtype.
+    models (GPT-2's learned positions are a hard limit). Weights keep their dtype; a tied LM
+    head stays tied (`unembed.W_U` is a view of `embed.W_E`, as in the Hugging Face model).
     Supported architectures: SUPPORTED_ARCHITECTURES, and directories of the paper's own
     `custom_decoder_only_t5` (its 1B code LMs; `nopeinterp.models.codellm`), opened without
     running any of their files; anything else raises HFModelError.
@@ -458,6 +463,7 @@ def from_hf(
         model.unembed.W_U = torch.nn.Parameter(W_E.T, requires_grad=W_E.requires_grad)
     install_fused_attention(model)  # SDPA whenever no hook reads the scores or pattern
     install_fused_activation(model)  # one GELU kernel, not the formula's temporaries
+    install_fused_unembed(model)  # no zero bias broadcast into the logits
     model.pe_options = (
         {"fraction": cfg.rotary_dim / cfg.d_head, "base": cfg.rotary_base}
         if family.pe == "rotary"

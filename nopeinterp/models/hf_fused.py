@@ -24,6 +24,9 @@ module keeps TL's forward.
 [batch, pos, d_mlp] temporary (three or four alive at once, the largest term of a long
 forward's memory); `F.gelu(approximate="tanh")` is one kernel for the same function (within
 float32 rounding; in bfloat16 it rounds once where the formula rounds at every step).
+`install_fused_unembed` skips the unembedding's bias while it is zero (a Hugging Face LM head
+has none; TL's zero `b_U` made the matmul an addmm that first broadcasts it into the whole
+[batch, pos, vocab] output).
 """
 
 from __future__ import annotations
@@ -84,6 +87,23 @@ def install_fused_activation(model) -> int:
             mlp.act_fn = functools.partial(F.gelu, approximate="tanh")
             count += 1
     return count
+
+
+def install_fused_unembed(model) -> bool:
+    """Give `model.unembed` a forward that adds `b_U` only while it is nonzero (checked at
+    each call, so a bias set later is used); `hook_in` and `hook_out` fire as before."""
+    unembed = getattr(model, "unembed", None)
+    if unembed is None or not isinstance(getattr(unembed, "b_U", None), torch.Tensor):
+        return False
+    unembed.forward = types.MethodType(_unembed_forward, unembed)
+    return True
+
+
+def _unembed_forward(self, residual):
+    residual = self.hook_in(residual)
+    bias = self.b_U if bool(self.b_U.any()) else None
+    # TL's layout (nn.Linear's weight), so bfloat16 accumulates as in the Hugging Face model
+    return self.hook_out(F.linear(residual, self.W_U.T.contiguous(), bias))
 
 
 def _forward(
