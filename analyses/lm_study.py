@@ -10,7 +10,9 @@ folder under runs/lm/, git-ignored; an interrupted run resumes from its training
 then measures it (`nopeinterp.lm_eval.lm_eval`, `nopeinterp.probing.probe_position` with
 its random-init control, `nopeinterp.probing.attention_sinks`) and commits one small record,
 analyses/results/lm/records/<run>.json. A run with a committed record is skipped, so the
-command is rerun until every run is done. `report` reads only the committed records.
+command is rerun until every run is done; two `run`s in one checkout share the work (each
+leaves the run the other holds and goes on to the next). `report` reads only the committed
+records.
 Nothing here computes a number: the numbers come from nopeinterp's own functions.
 """
 
@@ -165,6 +167,9 @@ def run(max_runs: int | None, commit: bool) -> None:
         statuses = run_sweep(
             [_spec()], [pe], [seed], RUNS, preset=PRESET, overrides=dict(OVERRIDES), test="none"
         )
+        status = next(iter(statuses.values()))
+        if status == "busy":  # another `run` in this checkout trains it: go on to the next
+            continue
         folder = RUNS / next(iter(statuses))
         if not (folder / RECORD).exists():
             print(f"{name}: {statuses} (no record: rerun to continue)")
@@ -177,12 +182,22 @@ def run(max_runs: int | None, commit: bool) -> None:
         atomic_write_text(dest, json.dumps(record, indent=1, sort_keys=True, default=str))
         print(f"{name}: record {dest}", flush=True)
         if commit:
-            subprocess.run(["git", "add", str(dest)], cwd=ROOT, check=True)
             msg = f"lm study: {name} (val loss {record['val_loss']:.3f}, {record['run_wall_s']} s)"
-            subprocess.run(
-                ["git", "commit", "-q", "-m", msg, "--", str(dest)], cwd=ROOT, check=True
-            )
+            _commit(dest, msg)
         done += 1
+
+
+def _commit(path: Path, message: str, tries: int = 5) -> None:
+    """Commit one record; a second `run` committing at the same moment holds git's index
+    lock for a second or two, so a failed try waits and retries."""
+    for attempt in range(tries):
+        add = subprocess.run(["git", "add", str(path)], cwd=ROOT)
+        if add.returncode == 0:
+            commit = ["git", "commit", "-q", "-m", message, "--", str(path)]
+            if subprocess.run(commit, cwd=ROOT).returncode == 0:
+                return
+        time.sleep(2 + 3 * attempt)
+    raise SystemExit(f"lm_study: could not commit {path} (the record is written: commit it)")
 
 
 # --- the report -------------------------------------------------------------------------------
