@@ -404,15 +404,23 @@ def test_study_driver_writes_records_and_the_report_section(corpus_dir, tmp_path
     s.REPORT.write_text("# Report\n\nearlier text\n")
     s.report()
     assert "Runs finished: 0 of 2" in s.REPORT.read_text()
-    s.run(max_runs=1, commit=False)
+    # another `run` holds the first run (its checkpoint's lock): this one leaves it and goes on
+    from nopeinterp._io import try_lock
+    from nopeinterp.training.sweep import CHECKPOINT, grid, run_name
+
+    nope_ckpt = s.RUNS / run_name(grid([s._spec()], ["nope"], [0])[0]) / CHECKPOINT
+    nope_ckpt.parent.mkdir(parents=True)
+    held = try_lock(f"{nope_ckpt}.lock")
+    s.run(max_runs=None, commit=False)
+    assert sorted(p.name for p in s.RECORDS.glob("*.json")) == ["lm-alibi-seed0.json"]
+    held.release()
+    s.run(max_runs=1, commit=False)  # the finished run is skipped, the released one added
     records = sorted(p.name for p in s.RECORDS.glob("*.json"))
-    assert records == ["lm-nope-seed0.json"]
-    rec = json.loads((s.RECORDS / records[0]).read_text())
+    assert records == ["lm-alibi-seed0.json", "lm-nope-seed0.json"]
+    rec = json.loads((s.RECORDS / records[1]).read_text())
     assert rec["val_loss"] > 0 and 0 <= rec["sink_share"] <= 1
     assert {m["model"] for m in rec["probe_mae"]} >= {"trained", "random_init"}
     assert {p["length"] for p in rec["perplexity"]} == {240, 300}
-    s.run(max_runs=None, commit=False)  # the finished run is skipped, the other one added
-    assert len(list(s.RECORDS.glob("*.json"))) == 2
     s.report()
     text = s.REPORT.read_text()
     assert text.startswith("# Report\n\nearlier text\n") and text.count(s.BEGIN) == 1
