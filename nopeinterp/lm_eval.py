@@ -12,7 +12,9 @@ p tokens before it. Two modes, as in Press et al.'s ALiBi paper:
   stream token from the second to the end of the last window is scored once, with at least
   L-S tokens of context. S = L is ``nonoverlap``.
 
-Perplexity per length: exp of the mean loss over the scored tokens.
+Perplexity per length: exp of the mean loss over the scored tokens. For a model trained at a
+known context C, the same windows' mean loss at positions < C (``loss_within_context``) and
+at positions >= C (``loss_past_context``): the rise past the context on the same text.
 
 Passkey retrieval (landmark attention, YaRN): the instruction, filler sentences, "The pass key
 is K. Remember it. K is the pass key." at a depth (0 = right after the instruction, 1 = right
@@ -204,6 +206,11 @@ def passkey(
     return correct, trials, sum(map(len, prompts)) / trials
 
 
+def _token_mean(rows: pd.DataFrame) -> float | None:
+    """The mean loss per token of loss-by-position rows (None when there are none)."""
+    return float((rows["loss"] * rows["n"]).sum() / rows["n"].sum()) if len(rows) else None
+
+
 # --- the analysis --------------------------------------------------------------------------------
 @dataclass(repr=False)
 class LMEvalResult(Result):
@@ -324,7 +331,7 @@ def run_lm_eval(mi, corpus: str | None, opts: LMEvalOptions) -> LMEvalResult:
             loss_rows.append(by_pos)
             ok = by_pos[by_pos["n"] > 0]
             tokens = int(ok["n"].sum())
-            mean = float((ok["loss"] * ok["n"]).sum() / tokens)
+            mean = _token_mean(ok)
             row = {
                 "model": mi.name,
                 "pe": pe,
@@ -336,11 +343,10 @@ def run_lm_eval(mi, corpus: str | None, opts: LMEvalOptions) -> LMEvalResult:
                 "loss": mean,
                 "perplexity": math.exp(mean),
             }
-            if context is not None:
-                past = ok[ok["position"] >= context]
-                row["loss_past_context"] = (
-                    float((past["loss"] * past["n"]).sum() / past["n"].sum()) if len(past) else None
-                )
+            if context is not None:  # the same windows' loss inside and past the context
+                inside = ok["position"] < context
+                row["loss_within_context"] = _token_mean(ok[inside])
+                row["loss_past_context"] = _token_mean(ok[~inside])
             ppl_rows.append(row)
             bar.update(1)
         for n, d in cells:

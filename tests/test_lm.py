@@ -284,8 +284,12 @@ def test_lm_eval_on_our_checkpoint(corpus_dir, tmp_path):
     assert set(res.perplexity["length"]) == {240, 300}
     assert res.passkey["trials"].eq(20).all() and len(res.passkey) == 4
     p = res.perplexity.set_index("length")
+    rows = res.table.query("length == 300")  # non-overlapping: every position scored alike
     assert p.loc[300, "loss_past_context"] == pytest.approx(
-        float(res.table.query("length == 300 and position >= 16")["loss"].mean()), rel=1e-9
+        float(rows.query("position >= 16")["loss"].mean()), rel=1e-9
+    )
+    assert p.loc[300, "loss_within_context"] == pytest.approx(
+        float(rows.query("position < 16")["loss"].mean()), rel=1e-9
     )
     paths = res.save(tmp_path / "out")
     assert {"lm_loss", "lm_loss_perplexity", "lm_loss_passkey", "meta", "html"} <= set(paths)
