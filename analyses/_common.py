@@ -57,6 +57,17 @@ def to_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def mean_span(values: pd.Series, digits: int = 3) -> str:
+    """'mean [min, max]' of the values present ('' if none, the value alone if one): a cell
+    that shows the spread over seeds beside the mean."""
+    v = values.dropna()
+    if v.empty:
+        return ""
+    if len(v) == 1:
+        return f"{v.iloc[0]:.{digits}f}"
+    return f"{v.mean():.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
+
+
 def write_table(df: pd.DataFrame, out_dir, name: str, *, title=None, notes=None) -> list[Path]:
     """`<name>.csv` (the full frame) and `<name>.md` (title, notes, the markdown table)."""
     from nopeinterp.viz.html import atomic_write_text

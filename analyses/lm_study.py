@@ -3,6 +3,7 @@ language-model study"), run resumably, one committed record per run, and its REP
 
     python analyses/lm_study.py pilot            # seconds per training step per PE, 1 thread
     python analyses/lm_study.py run [--max-runs N] [--no-commit]
+    python analyses/lm_study.py measure-again [RUN ...] [--no-commit]
     python analyses/lm_study.py report           # tables, figures, REPORT.md section
 
 `run` trains each (PE, seed) of the protocol in order through the sweep machinery (a run
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, ROOT, to_markdown, write_figure, write_table  # noqa: E402
+from _common import RESULTS, ROOT, mean_span, to_markdown, write_figure, write_table  # noqa: E402
 
 # --- the protocol (analyses/PROTOCOL.md, "Protocol of the language-model study") ---------
 PES = ("nope", "t5", "alibi", "rotary", "sinusoidal", "fire")
@@ -44,6 +45,10 @@ EVAL = dict(
 )
 PROBE = dict(n_fit=200, n_val=50, n_id=100, n_ood=40, ood_length=512)
 SINK_LENGTH, SINK_WINDOWS, SINK_THRESHOLD = 64, 64, 0.3  # Gu et al. 2024: 64-token prompts
+# what `measure` writes into a record; raised when it writes more (a record without the key is
+# version 1; `measure-again` brings older records up to date from their checkpoints).
+# 2: the loss within the training context beside the loss past it (lm_eval, same windows)
+MEASURES = 2
 
 RUNS = ROOT / "runs" / "lm"
 OUT = RESULTS / "lm"
@@ -63,6 +68,13 @@ def run_name(pe: str, seed: int) -> str:
 
 def _spec() -> str:
     return "lm:" + ",".join(f"{k}={v}" for k, v in TASK_OPTIONS.items())
+
+
+def _folder(pe: str, seed: int) -> Path:
+    """The run's folder under RUNS, as the sweep names it."""
+    from nopeinterp.training import sweep
+
+    return RUNS / sweep.run_name(sweep.grid([_spec()], [pe], [seed])[0])
 
 
 # --- pilot -----------------------------------------------------------------------------------
@@ -135,6 +147,7 @@ def measure(ckpt_path: Path) -> dict:
         "sink_heads": heads[["layer", "head", "first_mass"]].to_dict("records"),
         "eval_meta": {k: v for k, v in ev.meta.items() if k not in ("title", "models")},
         "eval_wall_s": round(t_eval, 1),
+        "measures": MEASURES,
     }
 
 
@@ -187,6 +200,60 @@ def run(max_runs: int | None, commit: bool) -> None:
         done += 1
 
 
+def measure_again(names: list[str], commit: bool) -> None:
+    """Measure finished runs again from their checkpoints (under RUNS, on this machine) and
+    rewrite their records' measurements, the training fields unchanged: the named runs, or
+    every record older than MEASURES. Prints how far each number the record already had moved
+    (the measurements are deterministic: 0 expected)."""
+    import torch
+
+    from nopeinterp.training.sweep import CHECKPOINT
+
+    torch.set_num_threads(1)
+    records = {r["run"]: r for r in _records()}
+    unknown = [n for n in names if n not in records]
+    if unknown:
+        raise SystemExit(f"lm_study: no committed record for {', '.join(unknown)}")
+    todo = names or [n for n, r in records.items() if r.get("measures", 1) < MEASURES]
+    ckpts = {n: _folder(records[n]["pe"], records[n]["seed"]) / CHECKPOINT for n in todo}
+    missing = [n for n, c in ckpts.items() if not c.exists()]
+    if missing:
+        raise SystemExit(f"lm_study: no checkpoint under {RUNS} for {', '.join(missing)}")
+    for name in todo:
+        record = records[name]
+        fresh = measure(ckpts[name])
+        moved = _largest_change(record, fresh)
+        record.update(fresh)
+        dest = RECORDS / f"{name}.json"
+        from nopeinterp._io import atomic_write_text
+
+        atomic_write_text(dest, json.dumps(record, indent=1, sort_keys=True, default=str))
+        print(f"{name}: measured again (measures {MEASURES}); largest change of a number it had: {moved:.3g}", flush=True)  # fmt: skip
+        if commit:
+            _commit(dest, f"lm study: {name} measured again (measures {MEASURES}; largest change {moved:.3g})")  # fmt: skip
+
+
+def _largest_change(old: dict, new: dict) -> float:
+    """The largest absolute difference between numbers present in both (lists of row dicts
+    matched by position, rows by key)."""
+
+    def numbers(value, path=()):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield from numbers(v, (*path, k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                yield from numbers(v, (*path, i))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield path, float(value)
+
+    skip = ("eval_wall_s", "measures")
+    a = {p: v for p, v in numbers({k: v for k, v in old.items() if k in new and k not in skip})}
+    b = dict(numbers({k: v for k, v in new.items() if k not in skip}))
+    diffs = [abs(a[p] - b[p]) for p in a.keys() & b.keys() if not (a[p] != a[p] and b[p] != b[p])]
+    return max(diffs, default=0.0)
+
+
 def _commit(path: Path, message: str, tries: int = 5) -> None:
     """Commit one record; a second `run` committing at the same moment holds git's index
     lock for a second or two, so a failed try waits and retries."""
@@ -210,13 +277,14 @@ def report() -> None:
 
     from nopeinterp.viz.lm import loss_by_position_figure, passkey_figure
 
+    context = TASK_OPTIONS["context"]
     records = _records()
     planned = [run_name(pe, s) for pe, s in run_names()]
     have = [r["run"] for r in records]
     paths = []
     lines = [
         BEGIN,
-        "## Language models on real text (Python standard library, context 256)",
+        f"## Language models on real text (Python standard library, context {context})",
         "",
         "Protocol: analyses/PROTOCOL.md, \"Protocol of the language-model study\", fixed before the "
         "runs. Regenerated by `python analyses/lm_study.py report` from the committed records "
@@ -250,7 +318,7 @@ def report() -> None:
     wide.columns = [c if isinstance(c, str) else f"loss@{c}" for c in wide.columns]
     past = ppl.pivot_table(index=["pe", "seed"], columns="length", values="loss_past_context")
     past = past.drop(columns=[c for c in past.columns if past[c].isna().all()]).reset_index()
-    past.columns = [c if isinstance(c, str) else f"past256@{c}" for c in past.columns]
+    past.columns = [c if isinstance(c, str) else f"past{context}@{c}" for c in past.columns]
     keys = pd.DataFrame([{"run": r["run"], "pe": r["pe"], "seed": r["seed"], **p} for r in records for p in r["passkey"]])  # fmt: skip
     key_len = (
         keys.groupby(["pe", "seed", "length"])["accuracy"].mean().unstack("length").reset_index()
@@ -263,31 +331,51 @@ def report() -> None:
         .reset_index()
     )
     probe_id.columns = [c if isinstance(c, str) else f"MAE L{c}" for c in probe_id.columns]
+    summary = _summary(runs, ppl, probes)
     out = OUT / "tables"
+    paths += write_table(summary, out, "summary", title="Per PE, mean [min, max] over seeds")
     paths += write_table(runs, out, "runs", title="Runs")
     paths += write_table(wide, out, "loss_by_length", title="Mean loss (nats) by window length")
-    paths += write_table(past, out, "loss_past_context", title="Mean loss at positions >= 256")
+    paths += write_table(
+        past, out, "loss_past_context", title=f"Mean loss at positions >= {context}"
+    )
     paths += write_table(key_len, out, "passkey_by_length", title="Passkey accuracy by length (mean over depths)")  # fmt: skip
-    paths += write_table(probe_id, out, "probe_mae", title="Position probe MAE (positions) on held-out 256-token text, ID split")  # fmt: skip
-    coarse = pd.DataFrame([{"model": r["run"], "length": q["length"], "position": q["position"], "loss": q["loss"], "n": 1} for r in records for q in r["loss_by_position"]])  # fmt: skip
-    fig = loss_by_position_figure(coarse, {"all": TASK_OPTIONS["context"]}, title="Loss by position at 2048 tokens (trained at 256)")  # fmt: skip
+    paths += write_table(probe_id, out, "probe_mae", title=f"Position probe MAE (positions) on held-out {context}-token text, ID split")  # fmt: skip
+    # one line (one heat map) per PE: its seeds averaged, each seed weighing the same
+    coarse = pd.DataFrame([{"model": r["pe"], "length": q["length"], "position": q["position"], "loss": q["loss"], "n": 1} for r in records for q in r["loss_by_position"]])  # fmt: skip
+    longest = max(EVAL["lengths"])
+    fig = loss_by_position_figure(coarse, {"all": TASK_OPTIONS["context"]}, title=f"Loss by position at {longest} tokens (trained at {TASK_OPTIONS['context']}; mean over seeds)")  # fmt: skip
     paths += write_figure(fig, OUT, "loss_by_position")
-    keys["model"] = keys["run"]
-    paths += write_figure(passkey_figure(keys), OUT, "passkey")
+    key_mean = keys.groupby(["pe", "length", "depth"], as_index=False)["accuracy"].mean()
+    key_fig = passkey_figure(key_mean.rename(columns={"pe": "model"}), title="Passkey retrieval accuracy (mean over seeds)")  # fmt: skip
+    paths += write_figure(key_fig, OUT, "passkey")
     lines += [
+        f"Per PE, mean [min, max] over its seeds, sorted by the mean loss at positions >= "
+        f"{context} of the {longest}-token windows (`past`); `within` is the same windows' "
+        f"loss at positions < {context}, `rise` = past - within (one text, so the rise is the "
+        "cost of the unseen positions alone); probe MAE is the lowest over layers (ID split):",
+        "",
+        to_markdown(summary),
+        f"![Loss by position at {longest} tokens, one line per PE (mean over seeds); dashed: "
+        "the training context](results/lm/loss_by_position.png)",
+        "",
+        "![Passkey retrieval accuracy by length and depth, per PE (mean over seeds)]"
+        "(results/lm/passkey.png)",
+        "",
         "Mean loss per window length (non-overlapping windows of the test split; lower is "
-        "better; the models never saw a position past 255):",
+        f"better; the models never saw a position past {context - 1}):",
         "",
         to_markdown(wide),
-        "Mean loss at positions >= 256 only:",
+        f"Mean loss at positions >= {context} only:",
         "",
         to_markdown(past),
-        "Passkey retrieval accuracy per length (mean over 5 depths, 20 trials each):",
+        f"Passkey retrieval accuracy per length (mean over {len(EVAL['depths'])} depths, "
+        f"{EVAL['trials']} trials each):",
         "",
         to_markdown(key_len),
-        "Position probe (ridge regression on the residual stream, 256-token held-out text): "
+        f"Position probe (ridge regression on the residual stream, {context}-token held-out text): "
         "mean absolute error in positions per layer, trained model and its random-init "
-        "control (a constant guess of the mean position scores about 64):",
+        f"control (a constant guess of the mean position scores about {context / 4:g}):",
         "",
         to_markdown(probe_id),
         f"Runs: best validation loss, its step, training seconds and the first-token sink "
@@ -295,13 +383,50 @@ def report() -> None:
         f"{SINK_LENGTH}-token held-out windows):",
         "",
         to_markdown(runs),
-        "Figures: analyses/results/lm/loss_by_position.html, analyses/results/lm/passkey.html.",
+        "Interactive figures: analyses/results/lm/loss_by_position.html, "
+        "analyses/results/lm/passkey.html (not committed; written by the same command).",
         END,
     ]
     _write_section("\n".join(lines) + "\n")
     paths.append(REPORT)
     for p in paths:
         print(p)
+
+
+def _summary(runs, ppl, probes):
+    """One row per PE: each measure as mean [min, max] over its seeds."""
+    import pandas as pd
+
+    longest = max(EVAL["lengths"])
+    at_longest = ppl[ppl["length"] == longest].set_index(["pe", "seed"])
+    if "loss_within_context" not in at_longest:  # records measured before it was
+        at_longest = at_longest.assign(loss_within_context=float("nan"))
+    id_mae = probes[probes["split"] == "ID"]
+    best = id_mae.groupby(["pe", "seed", "model"])["value"].min().unstack("model")
+    per_seed = (
+        runs.set_index(["pe", "seed"])[["val_loss", "sink_share"]]
+        .join(at_longest[["loss_within_context", "loss_past_context"]])
+        .join(best[["trained", "random_init"]])
+    )
+    per_seed["rise"] = per_seed["loss_past_context"] - per_seed["loss_within_context"]
+    order = per_seed.groupby("pe")["loss_past_context"].mean().sort_values().index
+    rows = []
+    for pe in order:
+        d = per_seed.loc[[pe]]
+        rows.append(
+            {
+                "pe": pe,
+                "seeds": len(d),
+                "val_loss": mean_span(d["val_loss"]),
+                f"within@{longest}": mean_span(d["loss_within_context"]),
+                f"past@{longest}": mean_span(d["loss_past_context"]),
+                "rise": mean_span(d["rise"]),
+                "probe MAE (trained)": mean_span(d["trained"], 1),
+                "probe MAE (random init)": mean_span(d["random_init"], 1),
+                "sink_share": mean_span(d["sink_share"], 2),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def _write_section(text: str) -> None:
@@ -325,12 +450,17 @@ def main(argv=None) -> int:
     q = sub.add_parser("run")
     q.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
     q.add_argument("--no-commit", action="store_true", help="write records without committing")
+    q = sub.add_parser("measure-again", help="rewrite finished runs' measurements")
+    q.add_argument("runs", nargs="*", help="run names (default: records older than the driver's measures)")  # fmt: skip
+    q.add_argument("--no-commit", action="store_true", help="write records without committing")
     sub.add_parser("report")
     args = p.parse_args(argv)
     if args.command == "pilot":
         pilot(args.steps)
     elif args.command == "run":
         run(args.max_runs, not args.no_commit)
+    elif args.command == "measure-again":
+        measure_again(args.runs, not args.no_commit)
     else:
         report()
     return 0

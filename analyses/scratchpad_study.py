@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, ROOT, to_markdown, write_figure, write_table  # noqa: E402
+from _common import RESULTS, ROOT, mean_span, to_markdown, write_figure, write_table  # noqa: E402
 
 # --- the protocol (PROTOCOL.md, "Scratchpad study"); nothing here is tuned -------------------
 TASKS = (
@@ -230,13 +230,6 @@ def load_records() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _span(s: pd.Series) -> str:
-    s = s.dropna()
-    if s.empty:
-        return ""
-    return f"{s.mean():.3f} [{s.min():.3f}, {s.max():.3f}]" if len(s) > 1 else f"{s.iloc[0]:.3f}"
-
-
 def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     order = {t: i for i, t in enumerate(TASKS)}
     g = runs.groupby(["task", "scratchpad", "pe"], sort=False)
@@ -245,9 +238,9 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
             {
                 "runs": len(d),
                 "reached_val_0.95": int(d["reached_val"].sum()),
-                "ood_exact_match": _span(d["ood_accuracy"]),
-                "ood_steps_right": _span(d["ood_steps_right"]),
-                "val_exact_match": _span(d["val_accuracy"]),
+                "ood_exact_match": mean_span(d["ood_accuracy"]),
+                "ood_steps_right": mean_span(d["ood_steps_right"]),
+                "val_exact_match": mean_span(d["val_accuracy"]),
                 "mean_best_step": round(d["best_step"].mean()),
             }
         ),
@@ -273,11 +266,11 @@ def paper_comparison(runs: pd.DataFrame) -> pd.DataFrame:
             {
                 "pe": pe,
                 "our_runs": len(o),
-                "ours_ood": _span(o["ood_accuracy"]),
-                "ours_val": _span(o["val_accuracy"]),
+                "ours_ood": mean_span(o["ood_accuracy"]),
+                "ours_val": mean_span(o["val_accuracy"]),
                 "paper_runs": len(p),
-                "paper_ood": _span(p["ood_accuracy"]),
-                "paper_val": _span(p["val_accuracy"]),
+                "paper_ood": mean_span(p["ood_accuracy"]),
+                "paper_val": mean_span(p["val_accuracy"]),
             }
         )
     return pd.DataFrame(rows)

@@ -386,7 +386,9 @@ def test_lm_eval_refuses_unreadable_lengths_before_any_work(corpus_dir, tmp_path
         position_loss(load_checkpoint(ckpt).model, torch.arange(10), 16)
 
 
-def test_study_driver_writes_records_and_the_report_section(corpus_dir, tmp_path, monkeypatch):
+def test_study_driver_writes_records_and_the_report_section(
+    corpus_dir, tmp_path, monkeypatch, capsys
+):
     """analyses/lm_study.py end to end at a tiny size: `run` trains, measures and writes one
     record per run (resumable: a second call skips it); `report` rewrites its REPORT section
     between the markers from the records alone, leaving the rest of the file as it was."""
@@ -425,9 +427,26 @@ def test_study_driver_writes_records_and_the_report_section(corpus_dir, tmp_path
     assert rec["val_loss"] > 0 and 0 <= rec["sink_share"] <= 1
     assert {m["model"] for m in rec["probe_mae"]} >= {"trained", "random_init"}
     assert {p["length"] for p in rec["perplexity"]} == {240, 300}
+    # a record measured by an older driver is brought up to date from its checkpoint; the
+    # numbers it had do not move (the measurements are deterministic)
+    path = s.RECORDS / "lm-nope-seed0.json"
+    old = json.loads(path.read_text())
+    assert old["measures"] == s.MEASURES
+    stale = {**old, "perplexity": [{k: v for k, v in r.items() if k != "loss_within_context"} for r in old["perplexity"]]}  # fmt: skip
+    del stale["measures"]
+    path.write_text(json.dumps(stale))
+    s.measure_again([], commit=False)
+    new = json.loads(path.read_text())
+    assert new["measures"] == s.MEASURES and new["perplexity"] == old["perplexity"]
+    assert new["probe_mae"] == old["probe_mae"] and new["sink_heads"] == old["sink_heads"]
+    assert "largest change of a number it had: 0\n" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no committed record for lm-fire-seed0"):
+        s.measure_again(["lm-fire-seed0"], commit=False)
     s.report()
     text = s.REPORT.read_text()
     assert text.startswith("# Report\n\nearlier text\n") and text.count(s.BEGIN) == 1
-    assert "Runs finished: 2 of 2." in text and "| alibi |" in text
+    assert (
+        "Runs finished: 2 of 2." in text and "| alibi |" in text and "| past@300 | rise |" in text
+    )
     s.report()
     assert s.REPORT.read_text() == text  # regenerated in place, not appended
