@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -32,6 +33,19 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--tasks", default=None, help="comma-separated task filter, e.g. scan,copy")
     p.add_argument("--progress", action="store_true", help="show progress bars")
     return p
+
+
+def run_script(main) -> None:
+    """Run a script's `main()` and exit: with its status when it returns an int (0 otherwise);
+    a bad input (a NopeinterpError) is one line on stderr and exit status 2, no traceback."""
+    from nopeinterp.errors import NopeinterpError
+
+    try:
+        status = main()
+    except NopeinterpError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(status if isinstance(status, int) else 0)
 
 
 def task_filter(args) -> list[str] | None:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from _common import parser, print_written, write_figure, write_table
+from _common import parser, print_written, run_script, write_figure, write_table
 
 from nopeinterp.checkpoint import load_checkpoint
 from nopeinterp.errors import NopeinterpError
@@ -135,7 +135,7 @@ def main(argv=None) -> list[Path]:
         checkpoint_name(args.task, "nope", 1),
     )
     if nope_name not in infos:
-        raise SystemExit(f"no {nope_name}.pt in {args.checkpoints}")
+        raise NopeinterpError(f"no {nope_name}.pt in {args.checkpoints}")
     # the models the report compares: NoPE and NoPE-prime (seeds 0 and 1), every other PE's seed 0
     nope_entry, prime_entry = nope_pair(entries, args.task)
     nope = nope_entry.load()
@@ -147,7 +147,7 @@ def main(argv=None) -> list[Path]:
     if prime is None:
         print(f"note: no {prime_name}.pt: no NoPE-prime noise floor")
     if not refs and prime is None:
-        raise SystemExit(f"nothing to compare {nope_name} with in {args.checkpoints}")
+        raise NopeinterpError(f"nothing to compare {nope_name} with in {args.checkpoints}")
     if not refs:  # compare_attention needs one ref; NoPE-prime alone is still informative
         refs, prime = {"nope_seed1": prime}, None
     common = dict(
@@ -229,4 +229,4 @@ def main(argv=None) -> list[Path]:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from _common import parser, print_written, task_filter, write_figure, write_table
+from _common import parser, print_written, run_script, task_filter, write_figure, write_table
 
 from nopeinterp.probing.heads import label_counts
 from nopeinterp.zoo import find_checkpoints, over_seeds
@@ -250,4 +250,4 @@ def main(argv=None) -> list[Path]:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from nopeinterp import load_checkpoint
+from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import evaluate
 from nopeinterp.viz.html import atomic_write_text
 from nopeinterp.zoo import checkpoint_files
@@ -62,7 +63,7 @@ def main():
         )
         print(rows[-1], flush=True)
     if first is None:
-        raise SystemExit(f"no checkpoints in {directory}")
+        raise NopeinterpError(f"no checkpoints in {directory}")
     c, t = first.meta["config"], first.meta["train_config"]
     arch = (
         f"{c['n_layers']} layers, {c['n_heads']} heads, d_model {c['d_model']}, d_mlp {c['d_mlp']}"
@@ -79,4 +80,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from _common import run_script
+
+    run_script(main)

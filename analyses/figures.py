@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from _common import RESULTS, print_written, write_figure
+from _common import RESULTS, print_written, run_script, write_figure
 
 # figure name -> (script, its figure function, the CSV it draws from)
 FIGURES = {
@@ -43,4 +43,4 @@ def main(argv=None) -> list[Path]:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from _common import parser, print_written, task_filter, write_figure, write_table
+from _common import parser, print_written, run_script, task_filter, write_figure, write_table
 
 from nopeinterp.paper import reciprocal_ranks
 from nopeinterp.zoo import find_checkpoints, over_seeds, pe_rank
@@ -189,4 +189,4 @@ def main(argv=None) -> list[Path]:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -26,8 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+from nopeinterp.errors import NopeinterpError
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, ROOT, mean_span, to_markdown, write_figure, write_table  # noqa: E402
+from _common import RESULTS, ROOT, mean_span, run_script, to_markdown, write_figure, write_table  # noqa: E402
 
 # --- the protocol (analyses/PROTOCOL.md, "Protocol of the language-model study") ---------
 PES = ("nope", "t5", "alibi", "rotary", "sinusoidal", "fire")
@@ -213,12 +215,12 @@ def measure_again(names: list[str], commit: bool) -> None:
     records = {r["run"]: r for r in _records()}
     unknown = [n for n in names if n not in records]
     if unknown:
-        raise SystemExit(f"lm_study: no committed record for {', '.join(unknown)}")
+        raise NopeinterpError(f"no committed record for {', '.join(unknown)}")
     todo = names or [n for n, r in records.items() if r.get("measures", 1) < MEASURES]
     ckpts = {n: _folder(records[n]["pe"], records[n]["seed"]) / CHECKPOINT for n in todo}
     missing = [n for n, c in ckpts.items() if not c.exists()]
     if missing:
-        raise SystemExit(f"lm_study: no checkpoint under {RUNS} for {', '.join(missing)}")
+        raise NopeinterpError(f"no checkpoint under {RUNS} for {', '.join(missing)}")
     for name in todo:
         record = records[name]
         fresh = measure(ckpts[name])
@@ -264,7 +266,7 @@ def _commit(path: Path, message: str, tries: int = 5) -> None:
             if subprocess.run(commit, cwd=ROOT).returncode == 0:
                 return
         time.sleep(2 + 3 * attempt)
-    raise SystemExit(f"lm_study: could not commit {path} (the record is written: commit it)")
+    raise NopeinterpError(f"could not commit {path} (the record is written: commit it)")
 
 
 # --- the report -------------------------------------------------------------------------------
@@ -467,4 +469,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -92,4 +92,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _common import run_script
+
+    run_script(main)

@@ -31,7 +31,6 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -838,28 +837,26 @@ def main(argv=None) -> int:
     a.add_argument("--splits", nargs="+", default=list(ANALYSED_SPLITS))
     a.add_argument("--quick", action="store_true", help="few examples: a smoke run")
     args = p.parse_args(argv)
-    try:
-        if args.command == "search":
-            search(args.workers)
-        elif args.command == "grid":
-            run_grid(args.lr, args.workers, args.splits, args.seeds)
-        elif args.command == "errors":
-            error_kinds(args.lr, args.splits)
-        elif args.command == "rebuild":
-            rebuild(args.lr, args.splits, args.seeds, args.workers)
-        elif args.command == "pilot":
-            pilot(args.lrs, args.steps, args.splits, args.commit, args.pes)
-        elif args.command == "pilot-table":
-            pilot_table(args.out)
-        elif args.command == "analyse":
-            analyse(args.lr, args.splits, args.quick)
-        else:
-            table(args.lr, args.out)
-    except NopeinterpError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.command == "search":
+        search(args.workers)
+    elif args.command == "grid":
+        run_grid(args.lr, args.workers, args.splits, args.seeds)
+    elif args.command == "errors":
+        error_kinds(args.lr, args.splits)
+    elif args.command == "rebuild":
+        rebuild(args.lr, args.splits, args.seeds, args.workers)
+    elif args.command == "pilot":
+        pilot(args.lrs, args.steps, args.splits, args.commit, args.pes)
+    elif args.command == "pilot-table":
+        pilot_table(args.out)
+    elif args.command == "analyse":
+        analyse(args.lr, args.splits, args.quick)
+    else:
+        table(args.lr, args.out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from _common import run_script
+
+    run_script(main)

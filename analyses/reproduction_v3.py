@@ -384,22 +384,20 @@ def main(argv=None) -> int:
     a.add_argument("--splits", nargs="+", choices=list(V3_SPLITS), default=list(ANALYSED))
     a.add_argument("--quick", action="store_true", help="small sets (a smoke run)")
     args = p.parse_args(argv)
-    try:
-        if args.command == "grid":
-            run_grid(args.splits, args.seeds, args.workers, args.commit)
-        elif args.command == "gpu":
-            run_gpu(args.workers, args.commit)
-        elif args.command == "table":
-            table(args.out)
-        elif args.command == "report":
-            print(report())
-        elif args.command == "analyse":
-            analyse(args.splits, args.quick)
-    except NopeinterpError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if args.command == "grid":
+        run_grid(args.splits, args.seeds, args.workers, args.commit)
+    elif args.command == "gpu":
+        run_gpu(args.workers, args.commit)
+    elif args.command == "table":
+        table(args.out)
+    elif args.command == "report":
+        print(report())
+    elif args.command == "analyse":
+        analyse(args.splits, args.quick)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from _common import run_script
+
+    run_script(main)

@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, ROOT, mean_span, to_markdown, write_figure, write_table  # noqa: E402
+from _common import RESULTS, ROOT, mean_span, run_script, to_markdown, write_figure, write_table  # noqa: E402
 
 # --- the protocol (PROTOCOL.md, "Scratchpad study"); nothing here is tuned -------------------
 TASKS = (
@@ -430,4 +430,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

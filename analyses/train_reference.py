@@ -103,4 +103,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from _common import run_script
+
+    run_script(main)

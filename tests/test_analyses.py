@@ -363,3 +363,46 @@ def test_causal_position(ckpt_dir, tmp_path, capsys):
     sinks = read(tmp_path, "causal_sinks")
     assert ((sinks.first_mass > 0) & (sinks.first_mass <= 1)).all()
     read(tmp_path, "causal_sinks_by_layer")
+
+
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        (
+            "checkpoint_table",
+            ["--checkpoints", "{tmp}"],
+            "error: {tmp}: no checkpoints (*.pt, *.safetensors) in this directory",
+        ),  # fmt: skip
+        (
+            "lm_study",
+            ["measure-again", "lm-nosuch-seed9"],
+            "error: no committed record for lm-nosuch-seed9",
+        ),  # fmt: skip
+    ],
+)
+def test_a_bad_input_is_one_line_and_exit_2(script, args, message, tmp_path):
+    """Every script runs its main through _common.run_script: a NopeinterpError is one line on
+    stderr and exit status 2, no traceback, nothing written."""
+    import subprocess
+
+    before = sorted(tmp_path.iterdir())
+    fill = {"tmp": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(ANALYSES / f"{script}.py"), *[a.format(**fill) for a in args]],
+        capture_output=True,
+        text=True,
+        cwd=ANALYSES.parent,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == message.format(**fill)
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_every_script_exits_through_run_script():
+    """The one rule for a script's exit (run_script): no script catches errors on its own."""
+    for path in sorted(ANALYSES.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        text = path.read_text()
+        assert text.rstrip().endswith("run_script(main)"), path.name
+        assert "return 2" not in text and "exit(2)" not in text, path.name

@@ -440,7 +440,7 @@ def test_study_driver_writes_records_and_the_report_section(
     assert new["measures"] == s.MEASURES and new["perplexity"] == old["perplexity"]
     assert new["probe_mae"] == old["probe_mae"] and new["sink_heads"] == old["sink_heads"]
     assert "largest change of a number it had: 0\n" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="no committed record for lm-fire-seed0"):
+    with pytest.raises(s.NopeinterpError, match="no committed record for lm-fire-seed0"):
         s.measure_again(["lm-fire-seed0"], commit=False)
     s.report()
     text = s.REPORT.read_text()
