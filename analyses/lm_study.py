@@ -355,7 +355,8 @@ def report() -> None:
         f"Per PE, mean [min, max] over its seeds, sorted by the mean loss at positions >= "
         f"{context} of the {longest}-token windows (`past`); `within` is the same windows' "
         f"loss at positions < {context}, `rise` = past - within (one text, so the rise is the "
-        "cost of the unseen positions alone); probe MAE is the lowest over layers (ID split):",
+        "cost of the unseen positions alone); probe MAE is the lowest over the layers after "
+        "each block (ID split; layer 0, the embedding, is in the full table below):",
         "",
         to_markdown(summary),
         f"![Loss by position at {longest} tokens, one line per PE (mean over seeds); dashed: "
@@ -403,7 +404,8 @@ def _summary(runs, ppl, probes):
     at_longest = ppl[ppl["length"] == longest].set_index(["pe", "seed"])
     if "loss_within_context" not in at_longest:  # records measured before it was
         at_longest = at_longest.assign(loss_within_context=float("nan"))
-    id_mae = probes[probes["split"] == "ID"]
+    # after a block only: layer 0 is the embedding (a sinusoidal PE's own table)
+    id_mae = probes[(probes["split"] == "ID") & (probes["layer"] > 0)]
     best = id_mae.groupby(["pe", "seed", "model"])["value"].min().unstack("model")
     per_seed = (
         runs.set_index(["pe", "seed"])[["val_loss", "sink_share"]]
