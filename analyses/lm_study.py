@@ -52,6 +52,12 @@ SINK_LENGTH, SINK_WINDOWS, SINK_THRESHOLD = 64, 64, 0.3  # Gu et al. 2024: 64-to
 # 2: the loss within the training context beside the loss past it (lm_eval, same windows)
 MEASURES = 2
 
+# published numbers set beside ours (../shared/paper-notes.md, "Language-model length
+# generalization"): Gu et al. 2024, Table 3 (60M LMs, 64-token prompts, heads with mean
+# attention to the first token > 0.3); Haviv et al. 2022 (LMs without PE, 1024 positions)
+GU_SINK_SHARE = {"nope": 0.2035, "alibi": 0.2078, "rotary": 0.1818, "learned APE": 0.3313}
+HAVIV = "a probe's MAE far below the random-guess baseline (about 340 of 1024 positions) by layer 4"
+
 RUNS = ROOT / "runs" / "lm"
 OUT = RESULTS / "lm"
 RECORDS = OUT / "records"
@@ -359,6 +365,7 @@ def report() -> None:
         "each block (ID split; layer 0, the embedding, is in the full table below):",
         "",
         to_markdown(summary),
+        *_beside_published(runs, probes),
         f"![Loss by position at {longest} tokens, one line per PE (mean over seeds); dashed: "
         "the training context](results/lm/loss_by_position.png)",
         "",
@@ -394,6 +401,28 @@ def report() -> None:
     paths.append(REPORT)
     for p in paths:
         print(p)
+
+
+def _beside_published(runs, probes) -> list[str]:
+    """Our sink shares and NoPE's position probe beside the published numbers."""
+    context = TASK_OPTIONS["context"]
+    ours = runs.groupby("pe")["sink_share"].mean()
+    theirs = ", ".join(f"{pe} {v:.2%}" for pe, v in GU_SINK_SHARE.items())
+    mine = ", ".join(f"{pe} {v:.2%}" for pe, v in ours.items())
+    nope = probes[(probes["pe"] == "nope") & (probes["split"] == "ID") & (probes["layer"] > 0)]
+    best = nope.groupby(["seed", "model"])["value"].min().groupby("model").mean()
+    lines = [
+        f"Beside published numbers. First-token sinks: Gu et al. 2024's 60M LMs {theirs}; "
+        f"ours (this protocol's small models, mean over seeds) {mine}.",
+    ]
+    if "trained" in best:
+        lines[0] += (
+            f" Position from NoPE's hidden states: Haviv et al. 2022 found {HAVIV}; ours "
+            f"({context} positions: a random guess scores about {context / 3:.0f}, the mean "
+            f"position {context / 4:g}) best layer {best['trained']:.1f}, its random-init "
+            f"control {best.get('random_init', float('nan')):.1f}."
+        )
+    return [*lines, ""]
 
 
 def _summary(runs, ppl, probes):
