@@ -365,6 +365,7 @@ def report() -> None:
         "each block (ID split; layer 0, the embedding, is in the full table below):",
         "",
         to_markdown(summary),
+        *_rise_order(ppl),
         *_beside_published(runs, probes),
         f"![Loss by position at {longest} tokens, one line per PE (mean over seeds); dashed: "
         "the training context](results/lm/loss_by_position.png)",
@@ -401,6 +402,30 @@ def report() -> None:
     paths.append(REPORT)
     for p in paths:
         print(p)
+
+
+def _rise_order(ppl) -> list[str]:
+    """The PEs by their mean rise past the context at the longest length, and, for NoPE, the
+    PEs whose seeds all rise more or all rise less than every NoPE seed (descriptive: two seeds
+    give no interval)."""
+    at = ppl[ppl["length"] == max(EVAL["lengths"])]
+    if "loss_within_context" not in at:
+        return []
+    rise = (at["loss_past_context"] - at["loss_within_context"]).groupby(at["pe"])
+    lo, hi, mean = rise.min(), rise.max(), rise.mean().sort_values()
+    if mean.isna().all():
+        return []
+    lines = ["Rise past the context, smallest first: " + ", ".join(f"{pe} {v:.3f}" for pe, v in mean.items()) + "."]  # fmt: skip
+    if "nope" in mean:
+        more = [pe for pe in mean.index if pe != "nope" and lo[pe] > hi["nope"]]
+        less = [pe for pe in mean.index if pe != "nope" and hi[pe] < lo["nope"]]
+        rest = [pe for pe in mean.index if pe != "nope" and pe not in more + less]
+        lines[0] += (
+            f" Every NoPE seed rises less than every seed of {', '.join(more) or 'no PE'} and more "
+            f"than every seed of {', '.join(less) or 'no PE'}; the seeds overlap with "
+            f"{', '.join(rest) or 'no PE'}."
+        )
+    return [*lines, ""]
 
 
 def _beside_published(runs, probes) -> list[str]:
