@@ -448,5 +448,6 @@ def test_study_driver_writes_records_and_the_report_section(
     assert (
         "Runs finished: 2 of 2." in text and "| alibi |" in text and "| past@300 | rise |" in text
     )
+    assert "Rise past the context, smallest first: " in text and "Every NoPE seed rises" in text
     s.report()
     assert s.REPORT.read_text() == text  # regenerated in place, not appended
