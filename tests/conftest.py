@@ -15,6 +15,28 @@ def _torch_threads():
 
 
 @pytest.fixture
+def torchrun():
+    """start `nopeinterp train ARGS` under torchrun (CPU, gloo, 1 thread a rank):
+    torchrun(args, nproc=2, **Popen kwargs) -> the Popen, stdout and stderr merged"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def start(args, nproc=2, **kwargs):
+        env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd += [f"--nproc_per_node={nproc}", "-m", "nopeinterp", "train", *args]
+        return subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs
+        )
+
+    return start
+
+
+@pytest.fixture
 def tiny():
     """build a tiny model: tiny(pe, **overrides)"""
 

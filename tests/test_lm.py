@@ -271,6 +271,26 @@ def test_lm_trains_like_any_task_best_by_validation_loss(corpus_dir, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_lm_trains_under_torchrun_as_one_process_with_accumulation(corpus_dir, tmp_path, torchrun):
+    """Data parallelism on the lm task: rank r's slice of each batch is accumulation step r, so
+    two ranks give the weights of one process with grad_accum=2, bit for bit."""
+    spec = f"lm:corpus={corpus_dir},context=16,vocab_size=300"
+    common = ["--pe", "nope", "--preset", "tiny", "--batch-size", "8", "--steps", "4"]
+    out = tmp_path / "ddp.pt"
+    proc = torchrun(["--task", spec, *common, "--eval-every", "4", "--out", str(out)])
+    log = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, log
+    assert load_checkpoint(out).meta["throughput"]["world_size"] == 2
+    opts = {"corpus": str(corpus_dir), "context": 16, "vocab_size": 300}
+    cfg = make_config(
+        "lm", "nope", tmp_path / "accum.pt", preset="tiny", task_options=opts, batch_size=8,
+        steps=4, eval_every=4, grad_accum=2, progress=False,
+    )  # fmt: skip
+    ddp, accum = load_checkpoint(out).model.state_dict(), load_checkpoint(train(cfg)).model.state_dict()  # fmt: skip
+    for key in ddp:
+        assert torch.equal(ddp[key], accum[key]), key
+
+
 def test_lm_eval_on_our_checkpoint(corpus_dir, tmp_path):
     opts = {"corpus": str(corpus_dir), "context": 16, "vocab_size": 300}
     out = tmp_path / "lm.pt"

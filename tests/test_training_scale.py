@@ -3,8 +3,6 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,19 +21,9 @@ from nopeinterp.training.sweep import (
     run_sweep,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 TASK = "copy:id_lengths=2-5,ood_lengths=6-8"
 # a small run: the tiny preset (1 layer, d_model 32, 2 heads), global batch 16
 RUN = ["--task", TASK, "--pe", "nope", "--preset", "tiny", "--batch-size", "16"]
-
-
-def torchrun(args, nproc=2, **kwargs):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc_per_node={nproc}", "-m", "nopeinterp", "train", *args]
-    return subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs
-    )
 
 
 def descendants(pid: int) -> list[int]:
@@ -60,7 +48,7 @@ def weights(path):
     return load_checkpoint(path).model.state_dict()
 
 
-def test_torchrun_two_ranks_equal_a_single_process(tmp_path):
+def test_torchrun_two_ranks_equal_a_single_process(tmp_path, torchrun):
     out = tmp_path / "ddp.pt"
     proc = torchrun([*RUN, "--steps", "6", "--eval-every", "6", "--out", str(out)])
     log = proc.communicate(timeout=300)[0]
@@ -81,7 +69,7 @@ def test_torchrun_two_ranks_equal_a_single_process(tmp_path):
             torch.testing.assert_close(ddp[key], whole[key], atol=1e-5, rtol=0, msg=key)
 
 
-def test_a_killed_torchrun_resumes_to_the_same_weights(tmp_path):
+def test_a_killed_torchrun_resumes_to_the_same_weights(tmp_path, torchrun):
     out = tmp_path / "ddp.pt"
     state = tmp_path / "ddp.pt.state.pt"
     args = [*RUN, "--steps", "300", "--eval-every", "300", "--checkpoint-every", "20"]
