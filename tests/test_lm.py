@@ -271,6 +271,15 @@ def test_lm_trains_like_any_task_best_by_validation_loss(corpus_dir, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_lm_trains_on_the_t5_architecture(corpus_dir, tmp_path):
+    opts = {"corpus": str(corpus_dir), "context": 16, "vocab_size": 300}
+    out = tmp_path / "t5.pt"
+    train(make_config("lm", "t5", out, preset="tiny", arch="t5", task_options=opts, steps=3, eval_every=3, progress=False))  # fmt: skip
+    ckpt = load_checkpoint(out)
+    assert ckpt.meta["config"]["arch"] == "t5" and ckpt.meta["val_loss"] > 0
+    assert lm_eval(ckpt, lengths=[240], depths=[0.0], trials=20, max_windows=2, progress=False).perplexity["loss"].gt(0).all()  # fmt: skip
+
+
 def test_lm_trains_under_torchrun_as_one_process_with_accumulation(corpus_dir, tmp_path, torchrun):
     """Data parallelism on the lm task: rank r's slice of each batch is accumulation step r, so
     two ranks give the weights of one process with grad_accum=2, bit for bit."""
