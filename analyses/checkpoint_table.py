@@ -12,7 +12,6 @@ import argparse
 from pathlib import Path
 
 from nopeinterp import load_checkpoint
-from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import evaluate
 from nopeinterp.viz.html import atomic_write_text
 from nopeinterp.zoo import checkpoint_files
@@ -62,8 +61,7 @@ def main():
             f"| {not_eval} | {path.stat().st_size / 2**20:.1f} MB |"
         )
         print(rows[-1], flush=True)
-    if first is None:
-        raise NopeinterpError(f"no checkpoints in {directory}")
+    # (an empty folder never gets here: checkpoint_files raises for it)
     c, t = first.meta["config"], first.meta["train_config"]
     arch = (
         f"{c['n_layers']} layers, {c['n_heads']} heads, d_model {c['d_model']}, d_mlp {c['d_mlp']}"

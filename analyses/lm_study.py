@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -191,16 +192,14 @@ def run(max_runs: int | None, commit: bool) -> None:
         status = next(iter(statuses.values()))
         if status == "busy":  # another `run` in this checkout trains it: go on to the next
             continue
-        folder = RUNS / next(iter(statuses))
+        folder = _folder(pe, seed)
         if not (folder / RECORD).exists():
             print(f"{name}: {statuses} (no record: rerun to continue)")
             return
         record = json.loads((folder / RECORD).read_text())
         record.update(run=name, protocol={"eval": EVAL, "probe": PROBE})  # training: "config"
         record.update(measure(folder / CHECKPOINT))
-        from nopeinterp._io import atomic_write_text
-
-        atomic_write_text(dest, json.dumps(record, indent=1, sort_keys=True, default=str))
+        _write_record(dest, record)
         print(f"{name}: record {dest}", flush=True)
         if commit:
             msg = f"lm study: {name} (val loss {record['val_loss']:.3f}, {record['run_wall_s']} s)"
@@ -233,12 +232,16 @@ def measure_again(names: list[str], commit: bool) -> None:
         moved = _largest_change(record, fresh)
         record.update(fresh)
         dest = RECORDS / f"{name}.json"
-        from nopeinterp._io import atomic_write_text
-
-        atomic_write_text(dest, json.dumps(record, indent=1, sort_keys=True, default=str))
+        _write_record(dest, record)
         print(f"{name}: measured again (measures {MEASURES}); largest change of a number it had: {moved:.3g}", flush=True)  # fmt: skip
         if commit:
             _commit(dest, f"lm study: {name} measured again (measures {MEASURES}; largest change {moved:.3g})")  # fmt: skip
+
+
+def _write_record(dest: Path, record: dict) -> None:
+    from nopeinterp._io import atomic_write_text
+
+    atomic_write_text(dest, json.dumps(record, indent=1, sort_keys=True, default=str))
 
 
 def _largest_change(old: dict, new: dict) -> float:
@@ -256,10 +259,10 @@ def _largest_change(old: dict, new: dict) -> float:
             yield path, float(value)
 
     skip = ("eval_wall_s", "measures")
-    a = {p: v for p, v in numbers({k: v for k, v in old.items() if k in new and k not in skip})}
+    a = dict(numbers({k: v for k, v in old.items() if k not in skip}))
     b = dict(numbers({k: v for k, v in new.items() if k not in skip}))
-    diffs = [abs(a[p] - b[p]) for p in a.keys() & b.keys() if not (a[p] != a[p] and b[p] != b[p])]
-    return max(diffs, default=0.0)
+    both = [(a[p], b[p]) for p in a.keys() & b.keys()]
+    return max((abs(x - y) for x, y in both if not (math.isnan(x) and math.isnan(y))), default=0.0)
 
 
 def _commit(path: Path, message: str, tries: int = 5) -> None:
@@ -339,7 +342,8 @@ def report() -> None:
         .reset_index()
     )
     probe_id.columns = [c if isinstance(c, str) else f"MAE L{c}" for c in probe_id.columns]
-    summary = _summary(runs, ppl, probes)
+    per_seed = _per_seed(runs, ppl, probes)
+    summary = _summary(per_seed)
     out = OUT / "tables"
     paths += write_table(summary, out, "summary", title="Per PE, mean [min, max] over seeds")
     paths += write_table(runs, out, "runs", title="Runs")
@@ -352,7 +356,7 @@ def report() -> None:
     # one line (one heat map) per PE: its seeds averaged, each seed weighing the same
     coarse = pd.DataFrame([{"model": r["pe"], "length": q["length"], "position": q["position"], "loss": q["loss"], "n": 1} for r in records for q in r["loss_by_position"]])  # fmt: skip
     longest = max(EVAL["lengths"])
-    fig = loss_by_position_figure(coarse, {"all": TASK_OPTIONS["context"]}, title=f"Loss by position at {longest} tokens (trained at {TASK_OPTIONS['context']}; mean over seeds)")  # fmt: skip
+    fig = loss_by_position_figure(coarse, {"all": context}, title=f"Loss by position at {longest} tokens (trained at {context}; mean over seeds)")  # fmt: skip
     paths += write_figure(fig, OUT, "loss_by_position")
     key_mean = keys.groupby(["pe", "length", "depth"], as_index=False)["accuracy"].mean()
     key_fig = passkey_figure(key_mean.rename(columns={"pe": "model"}), title="Passkey retrieval accuracy (mean over seeds)")  # fmt: skip
@@ -365,8 +369,8 @@ def report() -> None:
         "each block (ID split; layer 0, the embedding, is in the full table below):",
         "",
         to_markdown(summary),
-        *_rise_order(ppl),
-        *_beside_published(runs, probes),
+        *_rise_order(per_seed),
+        *_beside_published(per_seed),
         f"![Loss by position at {longest} tokens, one line per PE (mean over seeds); dashed: "
         "the training context](results/lm/loss_by_position.png)",
         "",
@@ -404,14 +408,29 @@ def report() -> None:
         print(p)
 
 
-def _rise_order(ppl) -> list[str]:
+def _per_seed(runs, ppl, probes):
+    """One row per (pe, seed): validation loss, sink share, the loss within and past the
+    context at the longest length and its rise, and the best probe MAE after a block (trained
+    and random-init: layer 0 is the embedding, a sinusoidal PE's own table)."""
+    at_longest = ppl[ppl["length"] == max(EVAL["lengths"])].set_index(["pe", "seed"])
+    if "loss_within_context" not in at_longest:  # records measured before it was
+        at_longest = at_longest.assign(loss_within_context=float("nan"))
+    id_mae = probes[(probes["split"] == "ID") & (probes["layer"] > 0)]
+    best = id_mae.groupby(["pe", "seed", "model"])["value"].min().unstack("model")
+    per_seed = (
+        runs.set_index(["pe", "seed"])[["val_loss", "sink_share"]]
+        .join(at_longest[["loss_within_context", "loss_past_context"]])
+        .join(best[["trained", "random_init"]])
+    )
+    per_seed["rise"] = per_seed["loss_past_context"] - per_seed["loss_within_context"]
+    return per_seed
+
+
+def _rise_order(per_seed) -> list[str]:
     """The PEs by their mean rise past the context at the longest length, and, for NoPE, the
     PEs whose seeds all rise more or all rise less than every NoPE seed (descriptive: two seeds
     give no interval)."""
-    at = ppl[ppl["length"] == max(EVAL["lengths"])]
-    if "loss_within_context" not in at:
-        return []
-    rise = (at["loss_past_context"] - at["loss_within_context"]).groupby(at["pe"])
+    rise = per_seed["rise"].groupby("pe")
     lo, hi, mean = rise.min(), rise.max(), rise.mean().sort_values()
     if mean.isna().all():
         return []
@@ -428,45 +447,32 @@ def _rise_order(ppl) -> list[str]:
     return [*lines, ""]
 
 
-def _beside_published(runs, probes) -> list[str]:
+def _beside_published(per_seed) -> list[str]:
     """Our sink shares and NoPE's position probe beside the published numbers."""
     context = TASK_OPTIONS["context"]
-    ours = runs.groupby("pe")["sink_share"].mean()
+    ours = per_seed.groupby("pe")["sink_share"].mean()
     theirs = ", ".join(f"{pe} {v:.2%}" for pe, v in GU_SINK_SHARE.items())
     mine = ", ".join(f"{pe} {v:.2%}" for pe, v in ours.items())
-    nope = probes[(probes["pe"] == "nope") & (probes["split"] == "ID") & (probes["layer"] > 0)]
-    best = nope.groupby(["seed", "model"])["value"].min().groupby("model").mean()
     lines = [
         f"Beside published numbers. First-token sinks: Gu et al. 2024's 60M LMs {theirs}; "
         f"ours (this protocol's small models, mean over seeds) {mine}.",
     ]
-    if "trained" in best:
+    if "nope" in ours:
+        best = per_seed.loc["nope", ["trained", "random_init"]].mean()
         lines[0] += (
             f" Position from NoPE's hidden states: Haviv et al. 2022 found {HAVIV}; ours "
             f"({context} positions: a random guess scores about {context / 3:.0f}, the mean "
             f"position {context / 4:g}) best layer {best['trained']:.1f}, its random-init "
-            f"control {best.get('random_init', float('nan')):.1f}."
+            f"control {best['random_init']:.1f}."
         )
     return [*lines, ""]
 
 
-def _summary(runs, ppl, probes):
+def _summary(per_seed):
     """One row per PE: each measure as mean [min, max] over its seeds."""
     import pandas as pd
 
     longest = max(EVAL["lengths"])
-    at_longest = ppl[ppl["length"] == longest].set_index(["pe", "seed"])
-    if "loss_within_context" not in at_longest:  # records measured before it was
-        at_longest = at_longest.assign(loss_within_context=float("nan"))
-    # after a block only: layer 0 is the embedding (a sinusoidal PE's own table)
-    id_mae = probes[(probes["split"] == "ID") & (probes["layer"] > 0)]
-    best = id_mae.groupby(["pe", "seed", "model"])["value"].min().unstack("model")
-    per_seed = (
-        runs.set_index(["pe", "seed"])[["val_loss", "sink_share"]]
-        .join(at_longest[["loss_within_context", "loss_past_context"]])
-        .join(best[["trained", "random_init"]])
-    )
-    per_seed["rise"] = per_seed["loss_past_context"] - per_seed["loss_within_context"]
     order = per_seed.groupby("pe")["loss_past_context"].mean().sort_values().index
     rows = []
     for pe in order:
