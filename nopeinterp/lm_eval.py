@@ -206,9 +206,9 @@ def passkey(
     return correct, trials, sum(map(len, prompts)) / trials
 
 
-def _token_mean(rows: pd.DataFrame) -> float | None:
-    """The mean loss per token of loss-by-position rows (None when there are none)."""
-    return float((rows["loss"] * rows["n"]).sum() / rows["n"].sum()) if len(rows) else None
+def _token_mean(rows: pd.DataFrame) -> float:
+    """The mean loss per token of loss-by-position rows (NaN when there are none)."""
+    return float((rows["loss"] * rows["n"]).sum() / rows["n"].sum()) if len(rows) else math.nan
 
 
 # --- the analysis --------------------------------------------------------------------------------
