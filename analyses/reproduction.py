@@ -92,6 +92,11 @@ def lr_folder(lr: float) -> str:
     return f"lr={lr:g}"
 
 
+def grid_folder(lr: float, folder: Path | None = None) -> Path:
+    """A grid's folder under RUNS and RECORDS: `folder`, or the first grid's `lr=<lr>`."""
+    return Path(lr_folder(lr)) if folder is None else Path(folder)
+
+
 def committed_record(lr: float, run: str) -> Path:
     """Where the grid commits run `run`'s record (a copy of its run folder's record.json)."""
     return RECORDS / lr_folder(lr) / f"{run}.json"
@@ -131,7 +136,7 @@ def zoo_folder(lr: float, split: str, folder: Path | None = None) -> tuple[Path,
     default `lr=<lr>`), linked under the zoo's names (`scan-nope.pt`, `scan-t5-seed1.pt`, ...),
     so the analysis scripts read them as they read checkpoints/. Returns the folder and the runs
     not finished yet (not linked)."""
-    folder = Path(lr_folder(lr)) if folder is None else folder
+    folder = grid_folder(lr, folder)
     dest = RUNS / "zoo" / folder / split
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("*.pt"):
@@ -164,10 +169,26 @@ def analyse(
     for split in splits:
         zoo, missing = zoo_folder(lr, split, folder)
         if not any(zoo.glob("*.pt")):
-            print(f"{split}: no finished run at lr={lr:g} yet, nothing to analyse", flush=True)
+            print(
+                f"{split}: no finished run's checkpoint here at lr={lr:g}, nothing to analyse "
+                "(runs trained on another machine: `rebuild` trains them again)",
+                flush=True,
+            )
             continue
         if missing:
-            print(f"{split}: {len(missing)} runs not finished, analysed without them", flush=True)
+            print(
+                f"{split}: {len(missing)} runs have no finished checkpoint here (not finished, "
+                "or trained on another machine: `rebuild` trains them again); analysed without "
+                "them",
+                flush=True,
+            )
+        here = RUNS / grid_folder(lr, folder)
+        rebuilt = [
+            run_name(s) for s in split_runs(split) if (here / run_name(s) / REBUILT).exists()
+        ]
+        if rebuilt:
+            print(f"{split}: {len(rebuilt)} analysed checkpoints were trained again here "
+                  "(`rebuild`; see rebuilt_runs)", flush=True)  # fmt: skip
         out = (
             RECORDS / "analyses" / lr_folder(lr) / split
             if folder is None
@@ -270,7 +291,7 @@ def restore_records(
     none (`tested_only`: only records with a test result). On a new machine runs/ is empty:
     the sweep then skips those runs instead of training them again. `folder`: the records'
     folder under RECORDS and the runs' under RUNS (default `lr=<lr>`)."""
-    folder = Path(lr_folder(lr)) if folder is None else folder
+    folder = grid_folder(lr, folder)
     restored = []
     for path in sorted((RECORDS / folder).glob("*.json")):
         run = path.stem
@@ -308,30 +329,36 @@ def prepare_grid_folder(lr: float) -> tuple[list[str], list[str]]:
     return restored, retrain
 
 
-def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
+def rebuild(
+    lr: float, splits, seeds, workers: int = 1, folder: Path | None = None,
+    preset: str = PRESET, overrides: dict | None = None,
+) -> list[Path]:  # fmt: skip
     """Train again on this machine the committed grid runs of `splits` x `seeds` whose
     checkpoint is not here (runs/ is not committed; `analyse` and `errors` need checkpoints).
-    The committed record stays the run's record; the rebuilt run's own record is kept beside it
-    (record.rebuilt.json) and compared with it, into
-    analyses/results/reproduction/analyses/lr=<lr>/rebuilt_runs.*, which lists every run
-    rebuilt on this machine (earlier calls' too). On one machine a rebuild is
-    the same run; on another machine it may not be (float rounding differs between CPU models):
-    a rebuilt run is then a new sample of the same protocol, not the recorded run."""
+    `folder` (default `lr=<lr>`, the first grid), `preset` and `overrides` (default
+    {"lr": lr}): the grid's folder under runs/reproduction/ and results/reproduction/ and its
+    settings. The committed record stays the run's record; the rebuilt run's own record is kept
+    beside it (record.rebuilt.json) and compared with it, into rebuilt_runs.* under
+    analyses/results/reproduction/analyses/lr=<lr>/ (or <folder>/analyses/), which lists every
+    run rebuilt on this machine (earlier calls' too). On one machine a rebuild is the same run;
+    on another machine it may not be (float rounding differs between CPU models): a rebuilt run
+    is then a new sample of the same protocol, not the recorded run."""
     from _common import print_written, write_table
 
+    here, committed = RUNS / grid_folder(lr, folder), RECORDS / grid_folder(lr, folder)
     # (split, spec, its run folder here, its committed record)
     runs = [
-        (split, spec, RUNS / lr_folder(lr) / run_name(spec), committed_record(lr, run_name(spec)))
+        (split, spec, here / run_name(spec), committed / f"{run_name(spec)}.json")
         for split in splits for spec in split_runs(split, seeds)
     ]  # fmt: skip
     unrun = [record.stem for *_, record in runs if not record.exists()]
     if unrun:
         raise NopeinterpError(f"not in the grid's records yet (run `grid` first): {unrun[0]}")
-    for _, _, folder, _ in runs:
-        if (folder / RECORD).exists() and not (folder / CHECKPOINT).exists():
-            (folder / RECORD).unlink()  # a restored committed record would make the sweep skip it
+    for _, _, run_dir, _ in runs:
+        if (run_dir / RECORD).exists() and not (run_dir / CHECKPOINT).exists():
+            (run_dir / RECORD).unlink()  # a restored committed record would make the sweep skip it
     # a run the grid trained on this machine still has its own checkpoint: nothing to rebuild
-    own = {folder for _, _, folder, record in runs if is_recorded_run(folder, record)}
+    own = {run_dir for _, _, run_dir, record in runs if is_recorded_run(run_dir, record)}
     todo = [f for _, _, f, _ in runs if not (f / REBUILT).exists() and f not in own]
     print(
         f"rebuild: {len(todo)} of {len(runs)} runs to train again"
@@ -340,18 +367,19 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
     )
     if todo:  # rebuilt and own runs are skipped by the sweep, interrupted ones resume
         run_sweep(
-            [task_spec(s) for s in splits], FIVE_PES, seeds, RUNS / lr_folder(lr),
-            preset=PRESET, overrides={"lr": lr}, workers=workers, test="eval_set",
+            [task_spec(s) for s in splits], FIVE_PES, seeds, here, preset=preset,
+            overrides={"lr": lr} if overrides is None else overrides, workers=workers,
+            test="eval_set",
         )  # fmt: skip
     unfinished = 0
-    for _, _, folder, record in runs:
-        if folder in own or (folder / REBUILT).exists():
+    for _, _, run_dir, record in runs:
+        if run_dir in own or (run_dir / REBUILT).exists():
             continue
-        if not (folder / RECORD).exists():  # another process trains it, or it was interrupted
+        if not (run_dir / RECORD).exists():  # another process trains it, or it was interrupted
             unfinished += 1
             continue
-        shutil.move(folder / RECORD, folder / REBUILT)
-        shutil.copyfile(record, folder / RECORD)
+        shutil.move(run_dir / RECORD, run_dir / REBUILT)
+        shutil.copyfile(record, run_dir / RECORD)
     if unfinished:
         print(f"rebuild: {unfinished} runs not finished (training in another process, or "
               "interrupted); run `rebuild` again later to finish them and add them to the "
@@ -359,14 +387,14 @@ def rebuild(lr: float, splits, seeds, workers: int = 1) -> list[Path]:
     rows = []  # every run rebuilt here so far, not only this call's: the table is the machine's
     for split in PAPER_SPLITS:
         for spec in split_runs(split):
-            folder = RUNS / lr_folder(lr) / run_name(spec)
-            if (folder / REBUILT).exists():
-                old, new = (json.loads((folder / f).read_text()) for f in (RECORD, REBUILT))
+            run = here / run_name(spec)
+            if (run / REBUILT).exists():
+                old, new = (json.loads((run / f).read_text()) for f in (RECORD, REBUILT))
                 rows.append(
                     {"split": split, "pe": spec.pe, "seed": spec.seed, **compare_records(old, new)}
                 )
     result = in_paper_order(pd.DataFrame(rows), "seed")
-    out = RECORDS / "analyses" / lr_folder(lr)
+    out = RECORDS / "analyses" / lr_folder(lr) if folder is None else committed / "analyses"
     paths = write_table(
         result, out, "rebuilt_runs", title="Runs trained again here, against their records",
         notes="runs/ (checkpoints) is not committed: `reproduction.py rebuild` trains a run "

@@ -6,6 +6,7 @@
     python analyses/reproduction_v3.py gpu [--workers 8] [--commit]    # on a GPU node, bf16
     python analyses/reproduction_v3.py table [--out DIR]               # tables, comparison
     python analyses/reproduction_v3.py report                          # REPORT.md's section
+    python analyses/reproduction_v3.py rebuild [--splits rsc mdlen]    # checkpoints made here
     python analyses/reproduction_v3.py analyse [--splits rsc mdlen]    # claims 2-4
 
 Every run: `--preset repro-t5` (the paper's T5 decoder, 4 layers, 2 heads of 64, d_model 128),
@@ -107,6 +108,18 @@ def run_grid(splits=None, seeds=None, workers=1, commit=False, extra=None) -> No
 
 
 ANALYSED = ("rsc", "mdlen")  # the protocol's claims 2-4 run on these splits' checkpoints
+
+
+def rebuild(splits=ANALYSED, seeds=None, workers: int = 1) -> list[Path]:
+    """Train again here, with the protocol's settings, the committed runs of `splits` x `seeds`
+    whose checkpoint is not on this machine (the protocol: "a checkpoint not on the machine is
+    trained again from its record's config and said so"); rebuilt_runs.* under
+    results/reproduction/v3/lr=<lr>/analyses/ says which and how far each is from its record."""
+    splits, seeds = _check_part(splits, seeds)
+    return repro.rebuild(
+        V3_LR, splits, seeds, workers, folder=V3 / repro.lr_folder(V3_LR), preset=PRESET,
+        overrides=overrides(),
+    )  # fmt: skip
 
 
 def analyse(splits=ANALYSED, quick: bool = False) -> None:
@@ -380,6 +393,10 @@ def main(argv=None) -> int:
     t = sub.add_parser("table", help="the grid's tables, the paper comparison, the verdict")
     t.add_argument("--out", type=Path, default=None, help="default results/reproduction/v3/tables")
     sub.add_parser("report", help="rewrite REPORT.md's section on this grid from the records")
+    b = sub.add_parser("rebuild", help="train committed runs again here, for their checkpoints")
+    b.add_argument("--splits", nargs="+", choices=list(V3_SPLITS), default=list(ANALYSED))
+    b.add_argument("--seeds", nargs="+", type=int, choices=list(V3_SEEDS), default=None)
+    b.add_argument("--workers", type=int, default=1)
     a = sub.add_parser("analyse", help="claims 2-4 on this grid's finished checkpoints")
     a.add_argument("--splits", nargs="+", choices=list(V3_SPLITS), default=list(ANALYSED))
     a.add_argument("--quick", action="store_true", help="small sets (a smoke run)")
@@ -392,6 +409,8 @@ def main(argv=None) -> int:
         table(args.out)
     elif args.command == "report":
         print(report())
+    elif args.command == "rebuild":
+        rebuild(args.splits, args.seeds, args.workers)
     elif args.command == "analyse":
         analyse(args.splits, args.quick)
     return 0

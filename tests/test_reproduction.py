@@ -556,6 +556,7 @@ def _v3(monkeypatch, tmp_path):
         return run_sweep(*a, preset=preset, overrides={**overrides, **small}, **k)
 
     monkeypatch.setattr(v3, "run_sweep", sweep)
+    monkeypatch.setattr(v3.repro, "run_sweep", sweep)  # `rebuild` trains through reproduction.py
     return v3, calls
 
 
@@ -598,6 +599,36 @@ def test_v3_analyse_runs_claims_2_to_4_on_the_grids_checkpoints(tmp_path, monkey
     assert not (tmp_path / "records" / "analyses").exists()  # not the first grid's folder
     with pytest.raises(NopeinterpError, match="not in the protocol: cmc"):
         v3.analyse(["cmc"])
+
+
+def test_v3_rebuild_trains_the_grids_runs_again_with_its_settings(tmp_path, monkeypatch, capsys):
+    """On a new machine the committed records are there, the checkpoints are not: `rebuild`
+    trains those runs again with the grid's own preset and settings (not the first grid's),
+    in the grid's folder, and `analyse` then says which checkpoints it read were rebuilt."""
+    v3, calls = _v3(monkeypatch, tmp_path)
+    v3.run_grid(splits=["rsc"], seeds=[0])
+    shutil.rmtree(tmp_path / "runs")  # a new machine
+    v3.run_grid(splits=["rsc"], seeds=[0])  # restores the records, trains nothing
+    calls.clear()
+    capsys.readouterr()
+    v3.analyse(["rsc"], quick=True)
+    assert "no finished run's checkpoint here" in capsys.readouterr().out
+    v3.rebuild(["rsc"], [0])
+    assert "rebuild: 2 of 2 runs to train again" in capsys.readouterr().out
+    protocol = {"lr": v3.V3_LR, "steps": v3.V3_STEPS, "stop_at_val": 0.95, "stop_evals": 2}
+    assert calls == [("repro-t5", protocol)]
+    got = pd.read_csv(tmp_path / "records" / "v3" / "lr=0.001" / "analyses" / "rebuilt_runs.csv")
+    assert list(got["pe"]) == ["nope", "t5"]
+    assert got["same_val"].all() and got["same_test"].all()  # one machine: the same runs
+    assert not (tmp_path / "records" / "analyses").exists()  # not the first grid's folder
+    here = tmp_path / "runs" / "v3" / "lr=0.001"
+    assert all(
+        (here / f"copy.variant=rsc-{pe}-seed0" / "model.pt").exists() for pe in ("nope", "t5")
+    )
+    v3.analyse(["rsc"], quick=True)
+    assert "rsc: 2 analysed checkpoints were trained again here" in capsys.readouterr().out
+    with pytest.raises(NopeinterpError, match="not in the grid's records yet"):
+        v3.rebuild(["rsc"], [1])
 
 
 def test_v3_gpu_check_compares_two_short_runs(tmp_path, monkeypatch):
