@@ -685,7 +685,13 @@ def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
     text = report.read_text()
     assert text.count(v3.BEGIN) == 1 and text.index(v3.END) < text.index("# Part 2: later")
     assert f"Claim 1 by the protocol's decision rule: {got}" in text
-    assert "60 of 60 runs done" in text
+    assert "60 of 60 runs done" in text and "Interim" not in text
+    for rec in (tmp_path / "records" / "v3" / "lr=0.001").glob("mdlen-*.json"):
+        rec.unlink()  # a grid cut short: its verdict is marked as one on part of the grid
+    v3.report(path=report)
+    text = report.read_text()
+    assert "45 of 60 runs done" in text
+    assert "**Interim, on 9 of the grid's 12 (split, seed) cells, not the grid's verdict" in text
 
 
 def test_claim1_verdict_rule():
