@@ -20,20 +20,24 @@ import time
 
 import torch
 
+from nopeinterp.errors import NopeinterpError
 from nopeinterp.evaluation import exact_match
-from nopeinterp.models import build_model
 from nopeinterp.tasks import PAPER_SPLITS, encode_examples, task_tokenizer
 from nopeinterp.training.presets import PRESETS
-from nopeinterp.training.trainer import make_config, target_loss, train_examples
+from nopeinterp.training.trainer import config_model, make_config, target_loss, train_examples
+
+WARMUP = 4  # steps left out of the medians
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--splits", nargs="+", default=["mdlen", "cmc2x"], choices=list(PAPER_SPLITS))
     p.add_argument("--pes", nargs="+", default=["nope", "t5", "alibi", "rotary", "sinusoidal"])
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=20, help=f"more than {WARMUP} (warm-up steps)")
     p.add_argument("--preset", default="repro", choices=list(PRESETS))
     args = p.parse_args()
+    if args.steps <= WARMUP:
+        raise NopeinterpError(f"--steps must be more than {WARMUP}: the first {WARMUP} are warm-up")
     torch.set_num_threads(1)
     for split in args.splits:
         task = PAPER_SPLITS[split].task()
@@ -43,11 +47,7 @@ def main() -> None:
         for pe in args.pes:
             opts = PAPER_SPLITS[split].options
             cfg = make_config(task.name, pe, "unused.pt", preset=args.preset, task_options=opts)
-            model = build_model(
-                pe, n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_model=cfg.d_model,
-                d_mlp=cfg.d_mlp, d_head=cfg.d_head, arch=cfg.arch, d_vocab=len(tok), n_ctx=128,
-                seed=0, attn_scale=cfg.attn_scale, tokenizer=tok, dropout=cfg.dropout,
-            )  # fmt: skip
+            model = config_model(cfg, tok, n_ctx=128)
             opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
             load_before = os.getloadavg()[0]
             model.train()
@@ -67,7 +67,7 @@ def main() -> None:
             ev_wall, ev_cpu = time.perf_counter() - t0, time.process_time() - c0
 
             def median(xs):
-                xs = sorted(xs[4:])
+                xs = sorted(xs[WARMUP:])
                 return round(xs[len(xs) // 2], 4)
 
             print(

@@ -69,10 +69,9 @@ def pilot(steps: int) -> None:
     import torch
 
     from nopeinterp.evaluation import greedy_answers
-    from nopeinterp.models import build_model
     from nopeinterp.tasks import encode_examples, get_task, task_tokenizer
     from nopeinterp.training import make_config
-    from nopeinterp.training.trainer import target_loss, train_examples
+    from nopeinterp.training.trainer import config_model, target_loss, train_examples
 
     torch.set_num_threads(1)
     for text in TASKS:
@@ -80,20 +79,7 @@ def pilot(steps: int) -> None:
         task = get_task(name, scratchpad=opt.split("=")[1])
         tok = task_tokenizer(task)
         cfg = make_config(name, "nope", "unused.pt", preset=PRESET, **OVERRIDES)
-        model = build_model(
-            "nope",
-            arch=cfg.arch,
-            d_head=cfg.d_head,
-            n_layers=cfg.n_layers,
-            n_heads=cfg.n_heads,
-            d_model=cfg.d_model,
-            d_mlp=cfg.d_mlp,
-            d_vocab=len(tok),
-            n_ctx=800,
-            attn_scale=cfg.attn_scale,
-            dropout=cfg.dropout,
-            tokenizer=tok,
-        )
+        model = config_model(cfg, tok, n_ctx=800)
         opt_ = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
         model.train()
         wall, cpu, tokens = [], [], []

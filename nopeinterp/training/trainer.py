@@ -110,6 +110,27 @@ def micro_batches(batch, rank: int, world_size: int, grad_accum: int) -> list:
     ]
 
 
+def config_model(cfg: TrainConfig, tokenizer, n_ctx: int):
+    """The freshly initialised model a run of `cfg` trains: its PE, shape, dropout and seed,
+    with `tokenizer`'s vocabulary and training context `n_ctx` (only a learned APE uses it)."""
+    return build_model(
+        cfg.pe,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        d_model=cfg.d_model,
+        d_mlp=cfg.d_mlp,
+        d_head=cfg.d_head,
+        arch=cfg.arch,
+        d_vocab=len(tokenizer),
+        n_ctx=n_ctx,
+        seed=cfg.seed,
+        attn_scale=cfg.attn_scale,
+        tokenizer=tokenizer,
+        dropout=cfg.dropout,
+        **cfg.pe_options,
+    )
+
+
 def target_loss(model, batch, normalizer: float | None = None) -> torch.Tensor:
     """Cross-entropy on target tokens (and the final <eos>) only; padding never counts.
 
@@ -253,22 +274,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
             "train_lengths": list(task.id_lengths),
             "ood_lengths": list(task.ood_lengths),
         }
-    model = build_model(
-        cfg.pe,
-        n_layers=cfg.n_layers,
-        n_heads=cfg.n_heads,
-        d_model=cfg.d_model,
-        d_mlp=cfg.d_mlp,
-        d_head=cfg.d_head,
-        arch=cfg.arch,
-        d_vocab=len(tokenizer),
-        n_ctx=n_ctx,
-        seed=cfg.seed,
-        attn_scale=cfg.attn_scale,
-        tokenizer=tokenizer,
-        dropout=cfg.dropout,
-        **cfg.pe_options,
-    )
+    model = config_model(cfg, tokenizer, n_ctx)
     if rt.device.type != "cpu":  # built on the CPU (same weights on every device), then moved
         model.to(rt.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
