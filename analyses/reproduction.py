@@ -331,13 +331,13 @@ def prepare_grid_folder(lr: float) -> tuple[list[str], list[str]]:
 
 def rebuild(
     lr: float, splits, seeds, workers: int = 1, folder: Path | None = None,
-    preset: str = PRESET, overrides: dict | None = None,
+    preset: str = PRESET, overrides: dict | None = None, pes=None,
 ) -> list[Path]:  # fmt: skip
     """Train again on this machine the committed grid runs of `splits` x `seeds` whose
     checkpoint is not here (runs/ is not committed; `analyse` and `errors` need checkpoints).
     `folder` (default `lr=<lr>`, the first grid), `preset` and `overrides` (default
     {"lr": lr}): the grid's folder under runs/reproduction/ and results/reproduction/ and its
-    settings. The committed record stays the run's record; the rebuilt run's own record is kept
+    settings; `pes`: only these PEs (default all five). The committed record stays the run's record; the rebuilt run's own record is kept
     beside it (record.rebuilt.json) and compared with it, into rebuilt_runs.* under
     analyses/results/reproduction/analyses/lr=<lr>/ (or <folder>/analyses/), which lists every
     run rebuilt on this machine (earlier calls' too). On one machine a rebuild is the same run;
@@ -347,9 +347,10 @@ def rebuild(
 
     here, committed = RUNS / grid_folder(lr, folder), RECORDS / grid_folder(lr, folder)
     # (split, spec, its run folder here, its committed record)
+    pes = list(FIVE_PES if pes is None else pes)
     runs = [
         (split, spec, here / run_name(spec), committed / f"{run_name(spec)}.json")
-        for split in splits for spec in split_runs(split, seeds)
+        for split in splits for spec in split_runs(split, seeds) if spec.pe in pes
     ]  # fmt: skip
     unrun = [record.stem for *_, record in runs if not record.exists()]
     if unrun:
@@ -367,7 +368,7 @@ def rebuild(
     )
     if todo:  # rebuilt and own runs are skipped by the sweep, interrupted ones resume
         run_sweep(
-            [task_spec(s) for s in splits], FIVE_PES, seeds, here, preset=preset,
+            [task_spec(s) for s in splits], pes, seeds, here, preset=preset,
             overrides={"lr": lr} if overrides is None else overrides, workers=workers,
             test="eval_set",
         )  # fmt: skip

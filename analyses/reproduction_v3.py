@@ -48,6 +48,9 @@ V3_LR = 1e-3
 V3_STEPS = 8000
 V3_STOP = repro.PILOT_STOP  # ID validation exact match >= 0.95 on two evaluations in a row
 V3_TARGET = V3_STOP["stop_at_val"]
+# each batch in 4 groups of similar length (the same loss on less padding: bench/length_groups.py);
+# from reverse.variant=mc-t5-seed0 on (PROTOCOL v3, "Changes after the runs started")
+V3_LENGTH_GROUPS = 4
 V3 = Path("v3")  # the grid's folder under runs/reproduction/ and results/reproduction/
 # the GPU's short agreement run: (split, PE, seed, steps)
 V3_CHECK = ("rsc", "nope", 0, 600)
@@ -55,7 +58,7 @@ GPU_CHECK_RTOL = 0.15  # mean training loss over the check's last half, GPU vs C
 
 
 def overrides(**extra) -> dict:
-    return {"lr": V3_LR, "steps": V3_STEPS, **V3_STOP, **extra}
+    return {"lr": V3_LR, "steps": V3_STEPS, **V3_STOP, "length_groups": V3_LENGTH_GROUPS, **extra}
 
 
 def v3_runs(splits=V3_SPLITS, seeds=V3_SEEDS) -> list[str]:
@@ -116,10 +119,24 @@ def rebuild(splits=ANALYSED, seeds=None, workers: int = 1) -> list[Path]:
     trained again from its record's config and said so"); rebuilt_runs.* under
     results/reproduction/v3/lr=<lr>/analyses/ says which and how far each is from its record."""
     splits, seeds = _check_part(splits, seeds)
-    return repro.rebuild(
-        V3_LR, splits, seeds, workers, folder=V3 / repro.lr_folder(V3_LR), preset=PRESET,
-        overrides=overrides(),
-    )  # fmt: skip
+    folder = V3 / repro.lr_folder(V3_LR)
+    runs = grid_runs()
+    runs = runs[runs["split"].isin(splits) & runs["seed"].isin(seeds)]
+    missing = runs[runs["status"] != "done"]
+    if len(missing):
+        first = missing.iloc[0]
+        raise NopeinterpError(
+            f"not in the grid's records yet (run `grid` first): {first['split']} "
+            f"{first['pe']} seed {first['seed']}"
+        )
+    # each run is trained again with the length groups its record says
+    paths = []
+    for (split, seed, n), cell in runs.groupby(["split", "seed", "length_groups"], sort=False):
+        paths = repro.rebuild(
+            V3_LR, [split], [seed], workers, folder=folder, preset=PRESET,
+            overrides=overrides(length_groups=int(n)), pes=list(cell["pe"]),
+        )  # fmt: skip
+    return paths
 
 
 def analyse(splits=ANALYSED, quick: bool = False) -> None:
@@ -188,8 +205,17 @@ def run_gpu(workers: int, commit: bool) -> None:
 def grid_runs(root: Path | None = None) -> pd.DataFrame:
     """Every run of the grid (60 rows) with its record's fields where it has one; `status`
     done or missing; `capped`: done without reaching V3_TARGET validation (kept everywhere)."""
-    runs = repro.records(repro.RECORDS / V3 if root is None else root)
+    root = repro.RECORDS / V3 if root is None else root
+    runs = repro.records(root)
     runs = runs[runs["lr"] == V3_LR]
+    # 1: the padded batch (the grid's first runs, and records written before the setting)
+    groups = {
+        (r["split"], r["pe"], r["seed"]): r.get("config", {}).get("length_groups", 1)
+        for r in repro._read_records(root)
+        if r["lr"] == V3_LR
+    }
+    keys = zip(runs["split"], runs["pe"], runs["seed"], strict=True)
+    runs = runs.assign(length_groups=[groups[k] for k in keys])
     full = pd.MultiIndex.from_product([list(V3_SPLITS), FIVE_PES, V3_SEEDS]).to_frame(
         index=False, name=["split", "pe", "seed"]
     )

@@ -42,7 +42,10 @@ PES = ("nope", "t5", "alibi", "rotary", "sinusoidal")
 SEEDS = (0, 1)
 PRESET = "repro-t5"  # the T5 architecture's CPU preset, unchanged: its 1,500 steps are the cap
 STOP_AT_VAL = 0.95
-OVERRIDES = {"stop_at_val": STOP_AT_VAL}
+# each batch in 8 groups of similar length (the same loss on less padding: bench/length_groups.py);
+# from addition.scratchpad=icovr-nope-seed0 on (PROTOCOL.md, "Changes after the runs started")
+LENGTH_GROUPS = 8
+OVERRIDES = {"stop_at_val": STOP_AT_VAL, "length_groups": LENGTH_GROUPS}
 
 RUNS = ROOT / "runs" / "scratchpad"
 OUT = RESULTS / "scratchpad"

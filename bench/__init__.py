@@ -4,4 +4,7 @@ Each module exposes ``run(quick: bool) -> list[dict]`` of summary rows (see benc
 and can be run on its own: ``python -m bench.train_step`` etc.
 """
 
-MODULES = ("train_step", "decode", "similarity", "probe", "scaling", "paper_1b", "real_size", "lm")
+MODULES = (
+    "train_step", "decode", "similarity", "probe", "scaling", "paper_1b", "real_size", "lm",
+    "length_groups",
+)  # fmt: skip

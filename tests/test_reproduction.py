@@ -565,7 +565,8 @@ def test_v3_grid_runs_the_protocol_settings_seed_major_and_resumes(tmp_path, mon
     assert len(v3.V3_SPLITS) * len(PAPER_FIVE) * len(v3.V3_SEEDS) == 60  # the protocol's grid
     assert len(v3.v3_runs()) == len(v3.V3_SPLITS) * 2 * len(v3.V3_SEEDS)  # two PEs here
     v3.run_grid(splits=["rsc"], seeds=[0, 1])
-    expected = {"lr": v3.V3_LR, "steps": v3.V3_STEPS, "stop_at_val": 0.95, "stop_evals": 2}
+    expected = {"lr": v3.V3_LR, "steps": v3.V3_STEPS, "stop_at_val": 0.95, "stop_evals": 2,
+                "length_groups": 4}  # fmt: skip
     assert calls == [("repro-t5", expected)] * 2  # one sweep per seed, seed 0 first
     folder = tmp_path / "records" / "v3" / "lr=0.001"
     names = sorted(p.stem for p in folder.glob("*.json"))
@@ -615,7 +616,8 @@ def test_v3_rebuild_trains_the_grids_runs_again_with_its_settings(tmp_path, monk
     assert "no finished run's checkpoint here" in capsys.readouterr().out
     v3.rebuild(["rsc"], [0])
     assert "rebuild: 2 of 2 runs to train again" in capsys.readouterr().out
-    protocol = {"lr": v3.V3_LR, "steps": v3.V3_STEPS, "stop_at_val": 0.95, "stop_evals": 2}
+    protocol = {"lr": v3.V3_LR, "steps": v3.V3_STEPS, "stop_at_val": 0.95, "stop_evals": 2,
+                "length_groups": 4}  # fmt: skip
     assert calls == [("repro-t5", protocol)]
     got = pd.read_csv(tmp_path / "records" / "v3" / "lr=0.001" / "analyses" / "rebuilt_runs.csv")
     assert list(got["pe"]) == ["nope", "t5"]
@@ -629,6 +631,22 @@ def test_v3_rebuild_trains_the_grids_runs_again_with_its_settings(tmp_path, monk
     assert "rsc: 2 analysed checkpoints were trained again here" in capsys.readouterr().out
     with pytest.raises(NopeinterpError, match="not in the grid's records yet"):
         v3.rebuild(["rsc"], [1])
+    # runs recorded with other length groups (the grid's first runs: the padded batch) are
+    # trained again with theirs: one sweep per (split, seed, setting), each with its PEs
+    v3.run_grid(splits=["rsc"], seeds=[1])
+    committed = tmp_path / "records" / "v3" / "lr=0.001" / "copy.variant=rsc-nope-seed1.json"
+    rec = json.loads(committed.read_text())
+    del rec["config"]["length_groups"]  # as the records written before the setting
+    committed.write_text(json.dumps(rec))
+    runs = v3.grid_runs().set_index(["split", "pe", "seed"])["length_groups"]
+    assert runs[("rsc", "nope", 1)] == 1 and runs[("rsc", "t5", 1)] == 4
+    shutil.rmtree(here)
+    calls.clear()
+    v3.rebuild(["rsc"], [1])
+    assert calls == [("repro-t5", {**protocol, "length_groups": 1}), ("repro-t5", protocol)]
+    assert (here / "copy.variant=rsc-nope-seed1" / "record.rebuilt.json").exists()
+    rebuilt = json.loads((here / "copy.variant=rsc-t5-seed1" / "record.rebuilt.json").read_text())
+    assert rebuilt["config"]["length_groups"] == 4
 
 
 def test_v3_gpu_check_compares_two_short_runs(tmp_path, monkeypatch):

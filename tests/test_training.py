@@ -304,6 +304,56 @@ def test_grad_accumulation_matches_one_big_batch(tmp_path):
             torch.testing.assert_close(sa[key], sb[key], atol=1e-5, rtol=0, msg=key)
 
 
+@pytest.mark.parametrize("arch, pe", [("default", "nope"), ("t5", "t5"), ("t5", "rotary"),
+                                      ("default", "alibi"), ("default", "ape")])  # fmt: skip
+def test_length_groups_give_the_whole_batchs_gradient(arch, pe):
+    """A batch split into groups of similar length, each cut to its longest row, has the whole
+    padded batch's loss and gradient (padding is masked and rows are right-padded)."""
+    from nopeinterp.tasks import encode_examples
+    from nopeinterp.training.trainer import length_groups, target_loss
+
+    task = get_task("copy", id_lengths=(1, 12), ood_lengths=(13, 14))
+    tok = task_tokenizer(task)
+    batch = encode_examples(tok, task.generate(13, seed=3, split="train"))
+    model = build_model(pe, n_layers=2, n_heads=2, d_model=32, d_vocab=len(tok), n_ctx=64,
+                        arch=arch, tokenizer=tok)  # fmt: skip
+    groups = length_groups(batch, 4)
+    assert len(groups) == 4 and sum(len(g) for g in groups) == len(batch)
+    widths = [g.tokens.shape[1] for g in groups]
+    assert widths == sorted(widths) and widths[0] < batch.tokens.shape[1]  # padding was cut
+    for g in groups:  # every group keeps its longest row whole
+        assert int(g.attention_mask.sum(1).max()) == g.tokens.shape[1]
+
+    def grads(parts):
+        model.zero_grad()
+        n = int(batch.target_mask.sum())
+        loss = sum(target_loss(model, part, n) for part in parts)
+        loss.backward()
+        return loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    whole_loss, whole = grads([batch])
+    group_loss, grouped = grads(groups)
+    torch.testing.assert_close(group_loss, whole_loss, atol=1e-6, rtol=1e-5)
+    for key in whole:
+        torch.testing.assert_close(grouped[key], whole[key], atol=1e-6, rtol=1e-4, msg=key)
+    assert length_groups(batch, 1) == [batch] and len(length_groups(batch, 50)) == len(batch)
+
+
+def test_training_with_length_groups_matches_the_padded_batch(tmp_path):
+    """Without dropout, training on length groups reaches the weights of training on the
+    padded batch (up to float rounding); the setting is recorded with the run."""
+    kw = dict(steps=5, eval_every=5, task_options={"id_lengths": (1, 9), "ood_lengths": (10, 11)})
+    a = load_checkpoint(train(small_config(tmp_path / "a", **kw)))
+    b = load_checkpoint(train(small_config(tmp_path / "b", length_groups=4, **kw)))
+    assert b.meta["train_config"]["length_groups"] == 4
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    for key in sa:
+        if sa[key].is_floating_point() and not key.endswith("b_K"):
+            torch.testing.assert_close(sa[key], sb[key], atol=1e-5, rtol=0, msg=key)
+    with pytest.raises(NopeinterpError, match="length_groups=0: must be an integer >= 1"):
+        small_config(tmp_path, length_groups=0)
+
+
 def test_bf16_autocast_trains_with_fp32_master_weights(tmp_path):
     from nopeinterp.training.runtime import Runtime
 

@@ -81,6 +81,11 @@ class TrainConfig:
     dtype: str = flag("float32", "of the saved checkpoint", choices=("float32", "float16"))
     precision: str = flag("fp32", "of the computation: fp32, bf16 or fp16 (autocast)")
     grad_accum: int = flag(1, "micro-batches per step (same weights as one batch)")
+    length_groups: int = flag(
+        1,
+        "split each micro-batch into this many groups of rows of similar length, each cut to "
+        "its longest row: the same loss on less padding (float rounding and dropout draws differ)",
+    )
     preset: str | None = None  # recorded; make_config applies its values
     device: str = flag("auto", "auto, cpu, cuda or mps")
     resume: bool = flag(False, "continue from <out>.state.pt", grid=False, store_true=True)
@@ -109,7 +114,7 @@ class TrainConfig:
             raise NopeinterpError(f"unknown pe {self.pe!r}; choose one of {', '.join(PE_TYPES)}")
         for name in ("steps", "batch_size", "n_layers", "n_heads", "d_model", "eval_every"):
             _at_least(self, name, 1)
-        for name in ("eval_n", "checkpoint_every", "grad_accum", "stop_evals"):
+        for name in ("eval_n", "checkpoint_every", "grad_accum", "length_groups", "stop_evals"):
             _at_least(self, name, 1)
         for name in ("d_mlp", "d_head"):
             if getattr(self, name) is not None:

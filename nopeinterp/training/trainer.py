@@ -110,6 +110,24 @@ def micro_batches(batch, rank: int, world_size: int, grad_accum: int) -> list:
     ]
 
 
+def length_groups(batch, n: int) -> list:
+    """`batch`'s rows in up to `n` groups of similar length (sorted by length, equal counts),
+    each cut to its longest row. Rows are right-padded and padding is masked, so the groups'
+    summed token losses are the batch's: the same gradient on less padding."""
+    if n == 1:
+        return [batch]
+    lengths = batch.attention_mask.sum(1)
+    fields = [f.name for f in dataclasses.fields(batch)]
+    groups = []
+    for rows in torch.tensor_split(torch.argsort(lengths, stable=True), min(n, len(batch))):
+        width = int(lengths[rows].max())
+        cut = {f: getattr(batch, f)[rows] for f in fields}
+        groups.append(
+            type(batch)(**{f: v[:, :width] if v.dim() == 2 else v for f, v in cut.items()})
+        )
+    return groups
+
+
 def config_model(cfg: TrainConfig, tokenizer, n_ctx: int):
     """The freshly initialised model a run of `cfg` trains: its PE, shape, dropout and seed,
     with `tokenizer`'s vocabulary and training context `n_ctx` (only a learned APE uses it)."""
@@ -370,7 +388,11 @@ def _train(cfg: TrainConfig, rt: Runtime) -> Path:
         else:
             batch = encode_examples(tokenizer, train_examples(task, cfg, step))
         n_target = int(batch.target_mask.sum())
-        chunks = micro_batches(batch, rt.rank, rt.world_size, cfg.grad_accum)
+        chunks = [
+            group
+            for chunk in micro_batches(batch, rt.rank, rt.world_size, cfg.grad_accum)
+            for group in length_groups(chunk, cfg.length_groups)
+        ]
         optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=rt.device)
         for i, chunk in enumerate(chunks):
