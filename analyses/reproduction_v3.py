@@ -362,6 +362,20 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
         f"Status: {r['status']}.",
         "",
     ]
+    done = r["runs"][r["runs"]["status"] == "done"]
+    if len(done):
+        by_groups = done["length_groups"].astype(int).value_counts().sort_index()
+        parts = [
+            f"{n} runs on the padded batch" if k == 1 else f"{n} runs in {k} length groups"
+            for k, n in by_groups.items()
+        ]
+        why = (
+            ' (length groups: the same examples and loss on less padding; PROTOCOL v3, "Changes '
+            'after the runs started")'
+            if (by_groups.index > 1).any()
+            else ""
+        )
+        lines += [f"Batches: {', '.join(parts)}{why}.", ""]
     if (r["runs"]["status"] == "done").sum() == 0:
         lines += ["No run has finished yet; nothing below is a result.", END]
     else:

@@ -704,11 +704,16 @@ def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
     assert text.count(v3.BEGIN) == 1 and text.index(v3.END) < text.index("# Part 2: later")
     assert f"Claim 1 by the protocol's decision rule: {got}" in text
     assert "60 of 60 runs done" in text and "Interim" not in text
+    assert "Batches: 60 runs on the padded batch." in text  # records without the setting
     for rec in (tmp_path / "records" / "v3" / "lr=0.001").glob("mdlen-*.json"):
         rec.unlink()  # a grid cut short: its verdict is marked as one on part of the grid
+    for path in (tmp_path / "records" / "v3" / "lr=0.001").glob("rdc-*.json"):
+        rec = json.loads(path.read_text())
+        path.write_text(json.dumps({**rec, "config": {"length_groups": 4}}))
     v3.report(path=report)
     text = report.read_text()
     assert "45 of 60 runs done" in text
+    assert "Batches: 30 runs on the padded batch, 15 runs in 4 length groups (length" in text
     assert "**Interim, on 9 of the grid's 12 (split, seed) cells, not the grid's verdict" in text
 
 
