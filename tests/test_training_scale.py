@@ -69,6 +69,23 @@ def test_torchrun_two_ranks_equal_a_single_process(tmp_path, torchrun):
             torch.testing.assert_close(ddp[key], whole[key], atol=1e-5, rtol=0, msg=key)
 
 
+def test_torchrun_with_length_groups_splits_each_ranks_rows(tmp_path, torchrun):
+    """Each rank groups its own rows by length: two ranks with 2 length groups each equal one
+    process accumulating 2 micro-batches of 2 length groups, up to the order of the gradient
+    sum ((g1 + g2) + (g3 + g4) across ranks, ((g1 + g2) + g3) + g4 in one process)."""
+    out = tmp_path / "ddp.pt"
+    proc = torchrun([*RUN, "--steps", "4", "--eval-every", "4", "--length-groups", "2",
+                     "--out", str(out)])  # fmt: skip
+    log = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, log
+    ddp = weights(out)
+    accum = single(tmp_path, "accum.pt", 4, grad_accum=2, length_groups=2)
+    assert load_checkpoint(out).meta["train_config"]["length_groups"] == 2
+    for key in ddp:
+        if ddp[key].is_floating_point() and not key.endswith("b_K"):  # b_K: see above
+            torch.testing.assert_close(ddp[key], accum[key], atol=1e-6, rtol=0, msg=key)
+
+
 def test_a_killed_torchrun_resumes_to_the_same_weights(tmp_path, torchrun):
     out = tmp_path / "ddp.pt"
     state = tmp_path / "ddp.pt.state.pt"
