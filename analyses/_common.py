@@ -82,6 +82,23 @@ def mean_span(values: pd.Series, digits: int = 3) -> str:
     return f"{v.mean():.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
 
 
+def batches_sentence(length_groups, changes: str) -> str:
+    """How many runs trained on the padded batch and how many in length groups (each run's
+    `length_groups` setting); `changes`: where the protocol records the switch."""
+    counts = pd.Series([int(v) for v in length_groups], dtype=int).value_counts().sort_index()
+    parts = [
+        f"{n} run{'s' if n != 1 else ''} "
+        + ("on the padded batch" if k == 1 else f"in {k} length groups")
+        for k, n in counts.items()
+    ]
+    why = (
+        f" (length groups: the same examples and loss on less padding; {changes})"
+        if (counts.index > 1).any()
+        else ""
+    )
+    return f"Batches: {', '.join(parts)}{why}."
+
+
 def write_table(df: pd.DataFrame, out_dir, name: str, *, title=None, notes=None) -> list[Path]:
     """`<name>.csv` (the full frame) and `<name>.md` (title, notes, the markdown table)."""
     from nopeinterp.viz.html import atomic_write_text

@@ -344,7 +344,7 @@ BEGIN, END = "<!-- reproduction-v3:begin -->", "<!-- reproduction-v3:end -->"
 
 def report(root: Path | None = None, path: Path = REPORT) -> Path:
     """Rewrite REPORT.md's section on this grid (between BEGIN and END) from the records."""
-    from _common import to_markdown
+    from _common import batches_sentence, to_markdown
 
     from nopeinterp._io import atomic_write_text
 
@@ -364,18 +364,8 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
     ]
     done = r["runs"][r["runs"]["status"] == "done"]
     if len(done):
-        by_groups = done["length_groups"].astype(int).value_counts().sort_index()
-        parts = [
-            f"{n} runs on the padded batch" if k == 1 else f"{n} runs in {k} length groups"
-            for k, n in by_groups.items()
-        ]
-        why = (
-            ' (length groups: the same examples and loss on less padding; PROTOCOL v3, "Changes '
-            'after the runs started")'
-            if (by_groups.index > 1).any()
-            else ""
-        )
-        lines += [f"Batches: {', '.join(parts)}{why}.", ""]
+        changes = 'PROTOCOL v3, "Changes after the runs started"'
+        lines += [batches_sentence(done["length_groups"], changes), ""]
     if (r["runs"]["status"] == "done").sum() == 0:
         lines += ["No run has finished yet; nothing below is a result.", END]
     else:

@@ -27,7 +27,16 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, ROOT, mean_span, run_script, to_markdown, write_figure, write_table  # noqa: E402
+from _common import (
+    RESULTS,
+    ROOT,
+    batches_sentence,
+    mean_span,
+    run_script,
+    to_markdown,
+    write_figure,
+    write_table,
+)  # noqa: E402
 
 # --- the protocol (PROTOCOL.md, "Scratchpad study"); nothing here is tuned -------------------
 TASKS = (
@@ -214,6 +223,8 @@ def load_records() -> pd.DataFrame:
                 "steps_trained": history[-1]["step"] if history else None,
                 "test_items": rec["test_items"],
                 "run_wall_s": rec.get("run_wall_s"),
+                # 1: the padded batch (the records written before the setting)
+                "length_groups": rec.get("config", {}).get("length_groups", 1),
             }
         )
     return pd.DataFrame(rows)
@@ -373,6 +384,12 @@ def section(runs, summary, comparison) -> str:
             f"the {_cap()}-step cap.",
             "",
             to_markdown(summary),
+            "",
+            batches_sentence(
+                runs["length_groups"],
+                'PROTOCOL.md, scratchpad study, "Changes after the runs started"',
+            ),
+            "",
         ]
     lines += [
         "Addition, full format (`icovr`), like for like with the paper's per-run numbers (its "

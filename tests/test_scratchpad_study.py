@@ -1,0 +1,62 @@
+"""The scratchpad study's driver (analyses/scratchpad_study.py) on a tiny grid: records, the
+tables and REPORT.md's section, regenerated from the records by `report`."""
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "analyses"))
+    import scratchpad_study as s
+
+    monkeypatch.setattr(s, "TASKS", ("addition:scratchpad=icovr,id_lengths=1-2,ood_lengths=3-3",))
+    monkeypatch.setattr(s, "PES", ("nope", "t5"))
+    monkeypatch.setattr(s, "SEEDS", (0,))
+    tiny = dict(n_layers=1, n_heads=2, d_model=32, d_mlp=64, d_head=16, steps=4, batch_size=8,
+                eval_every=2, eval_n=2, length_groups=2)  # fmt: skip
+    monkeypatch.setattr(s, "OVERRIDES", {**s.OVERRIDES, **tiny})
+    for name, value in (("RUNS", tmp_path / "runs"), ("OUT", tmp_path / "out"),
+                        ("RECORDS", tmp_path / "out" / "records"),
+                        ("REPORT", tmp_path / "REPORT.md")):  # fmt: skip
+        monkeypatch.setattr(s, name, value)
+    s.REPORT.write_text("# Report\n\nearlier text\n")
+    yield s
+    sys.modules.pop("scratchpad_study", None)
+
+
+def test_the_study_records_its_runs_and_regenerates_its_report_section(study):
+    s = study
+    s.report()  # before any run: the section says so, the rest of the file stays
+    text = s.REPORT.read_text()
+    assert "earlier text" in text and "**Runs finished: 0 of 2.**" in text
+    s.run(max_runs=None, commit=False)
+    records = sorted(p.name for p in s.RECORDS.glob("*.json"))
+    assert len(records) == 2 and all("scratchpad=icovr" in r for r in records)
+    rec = json.loads((s.RECORDS / records[0]).read_text())
+    assert rec["config"]["length_groups"] == 2 and rec["config"]["stop_at_val"] == 0.95
+    assert {a["split"] for a in rec["accuracy"]} == {"OOD"}
+    assert all(a.get("steps_right") is not None for a in rec["accuracy"])  # per-step scores
+    text = s.REPORT.read_text()
+    assert text.count(s.BEGIN) == 1 and "**Runs finished: 2 of 2.** The study is complete." in text
+    assert "Batches: 2 runs in 2 length groups (length groups:" in text
+    comparison = pd.read_csv(s.OUT / "addition_icovr_vs_paper.csv").set_index("pe")
+    assert comparison.loc["nope", "our_runs"] == 1 and comparison.loc["nope", "paper_runs"] == 3
+    # a record written before the setting counts as the padded batch
+    path = s.RECORDS / records[0]
+    path.write_text(json.dumps({**rec, "config": {k: v for k, v in rec["config"].items()
+                                                  if k != "length_groups"}}))  # fmt: skip
+    s.report()
+    text = s.REPORT.read_text()
+    assert text.count(s.BEGIN) == 1 and "earlier text" in text
+    assert "Batches: 1 run on the padded batch, 1 run in 2 length groups" in text
+    runs = pd.read_csv(s.OUT / "runs.csv")
+    assert sorted(runs["length_groups"]) == [1, 2]
+    s.run(max_runs=None, commit=False)  # recorded runs are not run again
+    assert sorted(p.name for p in s.RECORDS.glob("*.json")) == records
