@@ -255,11 +255,95 @@ def against_v2(runs: pd.DataFrame) -> pd.DataFrame:
     return repro.in_paper_order(out, "split")
 
 
+def converging_changed(against: pd.DataFrame) -> pd.DataFrame:
+    """Per split, over the PEs this grid has runs of so far: the mean best validation and OOD
+    exact match of the first grid and of this one, NoPE's OOD in each, and each grid's best PE
+    by mean OOD among those PEs (what training to convergence at d_head 64 changed)."""
+    rows = []
+    for split, df in against.dropna(subset=["ood_v3", "ood_v2"]).groupby("split", sort=False):
+        nope = df[df["pe"] == "nope"]
+        rows.append(
+            {
+                "split": split,
+                "pes": len(df),
+                "val_v2": df["val_v2"].mean(),
+                "val_v3": df["val_v3"].mean(),
+                "ood_v2": df["ood_v2"].mean(),
+                "ood_v3": df["ood_v3"].mean(),
+                "nope_ood_v2": nope["ood_v2"].iloc[0] if len(nope) else float("nan"),
+                "nope_ood_v3": nope["ood_v3"].iloc[0] if len(nope) else float("nan"),
+                "best_v2": df.loc[df["ood_v2"].idxmax(), "pe"],
+                "best_v3": df.loc[df["ood_v3"].idxmax(), "pe"],
+            }
+        )
+    return pd.DataFrame(rows, columns=[
+        "split", "pes", "val_v2", "val_v3", "ood_v2", "ood_v3", "nope_ood_v2", "nope_ood_v3",
+        "best_v2", "best_v3",
+    ])  # fmt: skip
+
+
+# The authors' extra-small decoder (official configs/models/t5a_xsmall.jsonnet: 3 layers,
+# d_model 64, 2 heads of d_model / 2, d_ff 256); the paper's base size is the `paper` preset.
+PAPER_XSMALL_SHAPE = {"n_layers": 3, "n_heads": 2, "d_head": 32, "d_model": 64, "d_mlp": 256}
+SHAPE_KEYS = ("n_layers", "n_heads", "d_head", "d_model", "d_mlp")
+
+
+def shapes() -> pd.DataFrame:
+    """The three T5-decoder shapes the size comparison sets side by side, with their
+    parameters outside the (vocabulary-sized) embedding, counted on the built model."""
+    from nopeinterp.models import build_model
+    from nopeinterp.training.presets import preset_values
+
+    named = {
+        "ours (v3)": preset_values(PRESET, "copy"),
+        "paper base": preset_values("paper", "copy"),
+        "paper xsmall": PAPER_XSMALL_SHAPE,
+    }
+    rows = []
+    for model, values in named.items():
+        shape = {k: values[k] for k in SHAPE_KEYS}
+        built = build_model(
+            "nope", arch="t5", d_vocab=2, n_ctx=64, device="meta", init_weights=False, **shape
+        )
+        params = sum(p.numel() for n, p in built.named_parameters() if not n.startswith("embed"))
+        rows.append({"model": model, **shape, "params_non_embedding": params})
+    return pd.DataFrame(rows)
+
+
+def size_comparison(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (split, PE) where the paper reports both of its sizes (copy splits; NoPE, T5,
+    sinusoidal): our mean OOD exact match (this grid, seeds so far) beside the paper's base and
+    extra-small decoders (``paper_aggregates``: its len_gen_experiments file, means over its
+    seed runs) and the paper's per-run seed results that the MRR uses (another run set)."""
+    from nopeinterp.paper import paper_aggregates, paper_runs
+
+    agg = paper_aggregates()
+    agg = agg[~agg["scratchpad"] & agg["split"].isin(V3_SPLITS)]
+    sizes = agg.pivot_table(index=["split", "pe"], columns="model", values="ood_mean")
+    sizes = sizes.rename(columns=lambda m: f"paper_{m}")
+    done = runs[runs["status"] == "done"]
+    ours = done.groupby(["split", "pe"]).agg(
+        ours_v3=("ood_accuracy", "mean"), seeds_v3=("seed", "nunique")
+    )
+    seed_runs = paper_runs().groupby(["split", "pe"])["ood_accuracy"].mean()
+    out = sizes.join(ours, how="left").join(seed_runs.rename("paper_seed_runs"), how="left")
+    cols = ["ours_v3", "seeds_v3", "paper_xsmall", "paper_base", "paper_seed_runs"]
+    return repro.in_paper_order(out.reset_index()[["split", "pe", *cols]], "split")
+
+
 def results(root: Path | None = None) -> dict:
     """Everything the tables and the report show, computed once from the committed records:
-    runs, convergence, against_v2, status; on complete (split, seed) cells also the paper
-    comparison (`comparison`), its seeds per split (`cells`) and the claim-1 `verdict`."""
-    from nopeinterp.paper import claim1_verdict, compare_with_paper, paper_runs
+    runs, convergence, against_v2, converging_changed, size, status; on complete (split, seed)
+    cells also the paper comparison (`comparison`: per-split Kendall tau in its `agreement`),
+    the ties-averaged MRR (`mrr_ties_averaged`), the seeds per split (`cells`) and the claim-1
+    `verdict`."""
+    from nopeinterp.paper import (
+        RUN_COLUMNS,
+        claim1_verdict,
+        compare_with_paper,
+        mrr_by_side,
+        paper_runs,
+    )
 
     runs = grid_runs(root)
     done = runs[runs["status"] == "done"]
@@ -268,6 +352,7 @@ def results(root: Path | None = None) -> dict:
         "runs": runs,
         "convergence": convergence(runs),
         "against_v2": against_v2(runs),
+        "size": size_comparison(runs),
         "status": (
             f"{len(done)} of {len(runs)} runs done; {int(done['reached_target'].sum())} "
             f"reached {V3_TARGET} ID validation, {int(done['capped'].sum())} capped at "
@@ -275,14 +360,20 @@ def results(root: Path | None = None) -> dict:
             "wall time"
         ),
         "comparison": None,
+        "mrr_ties_averaged": None,
         "cells": {},
         "verdict": None,
     }
+    out["converging_changed"] = converging_changed(out["against_v2"])
     ours = repro.complete_cells(runs)
     if not ours.empty:
         splits = [s for s in V3_SPLITS if s in set(ours["split"])]
-        out["comparison"] = compare_with_paper(
-            ours[["split", "pe", "seed", "ood_accuracy"]], paper_runs(), splits=splits
+        sides = {"ours": ours[list(RUN_COLUMNS)], "paper": paper_runs()}
+        out["comparison"] = compare_with_paper(sides["ours"], sides["paper"], splits=splits)
+        meta = out["comparison"].meta
+        # the first grid's sensitivity view: tied PEs share their average rank
+        out["mrr_ties_averaged"] = mrr_by_side(
+            sides, splits=meta["mrr_splits"], tie_order=None, seed=meta["bootstrap_seed"]
         )
         out["cells"] = ours.groupby("split")["seed"].nunique().to_dict()
         out["verdict"] = claim1_verdict(out["comparison"].separation)
@@ -294,12 +385,30 @@ V2_NOTE = (
     "of 16, the default architecture; v3: trained to 0.95 or 8,000 steps, 2 heads of 64, the "
     "T5 decoder. Means over the seeds each grid has (seeds_v2, seeds_v3)."
 )
+CHANGED_NOTE = (
+    "What converging changed, split by split: means over the PEs this grid has runs of "
+    "(`pes`) of the best ID validation and OOD exact match, v2 then v3; NoPE's OOD exact match "
+    "in each; each grid's best PE by mean OOD among those PEs."
+)
+SIZE_NOTE = (
+    "Size: mean OOD exact match where the paper reports two sizes of its decoder (copy splits; "
+    "NoPE, T5 and sinusoidal only): ours (this grid, `seeds_v3` seeds so far) beside the "
+    "authors' extra-small and base-size decoders (means over their seed runs, from their "
+    "len_gen_experiments results) and, for the base size, the per-run seed results the MRR "
+    "uses (`paper_seed_runs`; another set of runs of the same model)."
+)
+SHAPES_NOTE = "The three shapes (parameters outside the embedding, counted on the built model):"
+TIES_NOTE = (
+    "MRR with tied PEs sharing their average rank (the first grid's sensitivity view; not the "
+    "protocol's MRR, which breaks ties in the paper's order):"
+)
 
 
 def table(out: Path | None = None, root: Path | None = None) -> list[Path]:
     """Print and write the grid's tables into `out` (default results/reproduction/v3/tables/):
-    its runs, convergence, the first grid beside it, and on complete (split, seed) cells the
-    comparison with the paper, the MRR separation and the claim-1 verdict."""
+    its runs, convergence, the first grid beside it and what converging changed, model size,
+    and on complete (split, seed) cells the comparison with the paper (Kendall tau per split,
+    MRR, the MRR separation, the ties-averaged MRR) and the claim-1 verdict."""
     from _common import print_written, write_table
 
     r = results(root)
@@ -317,6 +426,13 @@ def table(out: Path | None = None, root: Path | None = None) -> list[Path]:
     paths += write_table(
         r["against_v2"], out, "against_v2", title="The first grid beside this one", notes=V2_NOTE
     )
+    paths += write_table(
+        r["converging_changed"], out, "converging_changed", title="What converging changed",
+        notes=CHANGED_NOTE,
+    )  # fmt: skip
+    print("\n" + r["size"].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    paths += write_table(r["size"], out, "size", title="Model size", notes=SIZE_NOTE)
+    paths += write_table(shapes(), out, "shapes", title="Model shapes", notes=SHAPES_NOTE)
     if r["comparison"] is None:
         print("\nno complete (split, seed) cell yet: no comparison with the paper")
         print_written(paths)
@@ -328,6 +444,10 @@ def table(out: Path | None = None, root: Path | None = None) -> list[Path]:
             df, out, name, title=name.replace("_", " "),
             notes=f"Complete (split, seed) cells only; seeds per split: {cells}.",
         )  # fmt: skip
+    paths += write_table(
+        r["mrr_ties_averaged"], out, "paper_comparison_mrr_ties_averaged",
+        title="MRR with tied PEs sharing their average rank", notes=TIES_NOTE,
+    )  # fmt: skip
     print(f"\nclaim 1 on complete cells (seeds per split {cells}): {r['verdict']}")
     verdict = pd.DataFrame([{"claim": 1, "verdict": r["verdict"], "cells": str(cells)}])
     paths += write_table(
@@ -378,6 +498,18 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
             "",
             to_markdown(r["against_v2"]),
             "",
+            CHANGED_NOTE,
+            "",
+            to_markdown(r["converging_changed"]),
+            "",
+            SIZE_NOTE,
+            "",
+            to_markdown(r["size"]),
+            "",
+            SHAPES_NOTE,
+            "",
+            to_markdown(shapes()),
+            "",
         ]
         if r["comparison"] is None:
             lines += [
@@ -400,6 +532,15 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
                 "ranking is certain):",
                 "",
                 to_markdown(mrr),
+                "",
+                TIES_NOTE,
+                "",
+                to_markdown(r["mrr_ties_averaged"]),
+                "",
+                "Agreement with the paper's ranking of the PEs, per split (Kendall's tau-b of "
+                "the mean OOD exact match on complete cells; orders best first):",
+                "",
+                to_markdown(r["comparison"].agreement),
                 "",
                 f"**{verdict}.**",
             ]

@@ -82,6 +82,41 @@ class ComparisonError(NopeinterpError, ValueError):
     """A run table that cannot be compared (missing columns, duplicate runs, bad values)."""
 
 
+PAPER_AGGREGATES = PAPER_RESULTS.with_name("official_len_gen_aggregates.csv")
+# the aggregates file's PE names -> ours (it has only these three)
+_AGGREGATE_PES = {"none": "nope", "t5": "t5", "abs_sin": "sinusoidal"}
+# its model names: the paper's base-size decoder and the authors' extra-small one
+PAPER_MODELS = {"t5_dec_base": "base", "t5a_dec_xsmall": "xsmall"}
+
+
+def paper_aggregates(path: str | Path | None = None) -> pd.DataFrame:
+    """The paper's mean and standard deviation over seed runs of OOD accuracy from its
+    ``len_gen_experiments.csv`` (parity and LEGO with and without a scratchpad; copy splits at
+    two model sizes). Columns: model (``base`` or ``xsmall``: ``PAPER_MODELS``), split (our
+    ``PAPER_SPLITS`` name where the split is one of ours, else ``<dataset>/<split>``), pe (our
+    name), scratchpad (bool), n_seeds, ood_mean, ood_std."""
+    from nopeinterp.tasks import PAPER_SPLITS
+
+    raw = pd.read_csv(PAPER_AGGREGATES if path is None else path)
+    for column, known in (("pe", _AGGREGATE_PES), ("model", PAPER_MODELS)):
+        unknown = sorted(set(raw[column]) - set(known))
+        if unknown:
+            raise ComparisonError(f"{path or PAPER_AGGREGATES}: unknown {column} {unknown}")
+    ours = {(s.paper_dataset, s.paper_split): s.name for s in PAPER_SPLITS.values()}
+    pairs = zip(raw["dataset"], raw["split"], strict=True)
+    return pd.DataFrame(
+        {
+            "model": raw["model"].map(PAPER_MODELS),
+            "split": [ours.get((d, s), f"{d}/{s}") for d, s in pairs],
+            "pe": raw["pe"].map(_AGGREGATE_PES),
+            "scratchpad": raw["scratchpad"].astype(bool),
+            "n_seeds": raw["n_seeds"].astype(int),
+            "ood_mean": raw["test_acc_mean"].astype(float),
+            "ood_std": raw["test_acc_std"].astype(float),
+        }
+    )
+
+
 def paper_runs(path: str | Path | None = None) -> pd.DataFrame:
     """The paper's per-run OOD accuracy as a run table.
 

@@ -63,6 +63,34 @@ def test_shipped_table_is_the_shared_one_plus_seeds():
     pd.testing.assert_frame_equal(ours.drop(columns="seed"), pd.read_csv(shared))
 
 
+def test_paper_aggregates_read_the_official_file(tmp_path):
+    import csv
+
+    from nopeinterp.paper import PAPER_AGGREGATES, paper_aggregates
+
+    shared = PAPER_AGGREGATES.parents[3] / "shared/paper-results" / PAPER_AGGREGATES.name
+    if shared.exists():  # the shipped file is the shared one, unchanged
+        assert PAPER_AGGREGATES.read_bytes() == shared.read_bytes()
+    agg = paper_aggregates()
+    with open(PAPER_AGGREGATES) as f:
+        raw = list(csv.DictReader(f))
+    assert len(agg) == len(raw)
+    names = {"none": "nope", "t5": "t5", "abs_sin": "sinusoidal"}
+    for row, r in zip(agg.itertuples(), raw, strict=True):
+        assert row.pe == names[r["pe"]] and row.ood_mean == float(r["test_acc_mean"])
+        assert row.model == {"t5_dec_base": "base", "t5a_dec_xsmall": "xsmall"}[r["model"]]
+        assert row.scratchpad == (r["scratchpad"] == "True")
+    # the copy splits are ours by name; rsc2x at other lengths (15/30) keeps the paper's name
+    copy = agg[~agg["scratchpad"] & (agg["model"] == "xsmall")]
+    assert {"cmc", "rsc", "rdc", "s2s_copy/rsc2x_tr15_ts30"} == set(copy["split"])
+    one = agg[(agg["model"] == "base") & (agg["split"] == "rsc") & (agg["pe"] == "nope")]
+    assert one["ood_mean"].item() == 0.9352 and one["n_seeds"].item() == 3
+    bad = tmp_path / "bad.csv"
+    bad.write_text(PAPER_AGGREGATES.read_text().replace(",abs_sin,", ",abs_learned,", 1))
+    with pytest.raises(ComparisonError, match="unknown pe"):
+        paper_aggregates(bad)
+
+
 # (split, seed) -> accuracies in the notebook's row order: Rotary, ALiBi, T5, APE, NoPE
 NOTEBOOK_ACCURACY = {
     ("pcfg/md_productivity", 146317): (0.4208, 0.4265, 0.4109, 0.3692, 0.4174),

@@ -686,9 +686,50 @@ def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
     order = [first, *(p for p in PAPER_FIVE if p != first)]
     ood = {pe: 0.5 - 0.1 * i for i, pe in enumerate(order)}  # the same ranking in every cell
     _fake_v3_records(tmp_path / "records" / "v3" / "lr=0.001", ood)
+    v2_ood = {pe: 0.1 * i for i, pe in enumerate(order)}  # the first grid: the reverse order
+    _fake_v3_records(tmp_path / "records" / "lr=0.001", v2_ood, val=0.5)
     paths = v3.table(tmp_path / "tables")
     names = {p.name for p in paths}
     assert {"runs.csv", "convergence.csv", "against_v2.csv", "claim1_verdict.csv"} <= names
+    assert {"converging_changed.csv", "size.csv", "shapes.csv"} <= names
+    # Kendall's tau per split against the paper's order, computed here by scipy
+    from scipy.stats import kendalltau
+
+    from nopeinterp.paper import paper_runs
+
+    agreement = pd.read_csv(tmp_path / "tables" / "paper_comparison_agreement.csv")
+    paper_means = paper_runs().groupby(["split", "pe"])["ood_accuracy"].mean()
+    for row in agreement.itertuples():
+        theirs = [paper_means[(row.split, pe)] for pe in PAPER_FIVE]
+        assert row.kendall_tau == pytest.approx(kendalltau([ood[p] for p in PAPER_FIVE], theirs)[0])
+    assert set(agreement["split"]) == {"rsc", "rdc", "mc", "mdlen"}
+    ties = pd.read_csv(tmp_path / "tables" / "paper_comparison_mrr_ties_averaged.csv")
+    ours_ties = ties[ties["side"] == "ours"].set_index("pe")["mrr"]
+    assert ours_ties[first] == 1.0  # no ties here: first in every cell
+    changed = pd.read_csv(tmp_path / "tables" / "converging_changed.csv").set_index("split")
+    assert changed["ood_v3"].tolist() == pytest.approx([sum(ood.values()) / 5] * 4)
+    assert set(changed["best_v3"]) == {first}
+    assert changed["nope_ood_v3"].tolist() == pytest.approx([ood["nope"]] * 4)
+    assert set(changed["best_v2"]) == {order[-1]} and changed["val_v2"].tolist() == pytest.approx(
+        [(4 * 0.5 + 0.9) / 5] * 4
+    )
+    assert changed["ood_v2"].tolist() == pytest.approx([sum(v2_ood.values()) / 5] * 4)
+    size = pd.read_csv(tmp_path / "tables" / "size.csv").set_index(["split", "pe"])
+    assert set(size.index) == {(s, p) for s in ("rsc", "rdc") for p in ("nope", "t5", "sinusoidal")}
+    assert size.loc[("rsc", "nope"), "ours_v3"] == pytest.approx(ood["nope"])
+    assert size.loc[("rsc", "nope"), "paper_base"] == 0.9352  # the paper's file, by hand
+    assert size.loc[("rdc", "nope"), "paper_xsmall"] == 0.237
+    shapes = pd.read_csv(tmp_path / "tables" / "shapes.csv").set_index("model")
+    for model, row in shapes.iterrows():  # T5 decoder without a PE: attention, MLP, 2 norms each
+        per_layer = 4 * row.d_model * row.n_heads * row.d_head + 2 * row.d_model * row.d_mlp
+        expected = row.n_layers * (per_layer + 2 * row.d_model) + row.d_model
+        assert row.params_non_embedding == expected, model
+    assert shapes.loc["paper base", ["n_layers", "d_model", "n_heads", "d_head"]].tolist() == [
+        12,
+        768,
+        12,
+        64,
+    ]
     runs = pd.read_csv(tmp_path / "tables" / "runs.csv")
     assert len(runs) == 60 and set(runs["status"]) == {"done"}
     assert runs["capped"].sum() == 12 and set(runs.loc[runs["capped"], "pe"]) == {"t5"}
@@ -703,6 +744,8 @@ def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
     text = report.read_text()
     assert text.count(v3.BEGIN) == 1 and text.index(v3.END) < text.index("# Part 2: later")
     assert f"Claim 1 by the protocol's decision rule: {got}" in text
+    for heading in ("What converging changed", "Size:", "The three shapes", "Kendall's tau-b"):
+        assert heading in text
     assert "60 of 60 runs done" in text and "Interim" not in text
     assert "Batches: 60 runs on the padded batch." in text  # records without the setting
     for rec in (tmp_path / "records" / "v3" / "lr=0.001").glob("mdlen-*.json"):
