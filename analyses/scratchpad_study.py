@@ -276,6 +276,39 @@ def paper_comparison(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# the paper's LEGO split at our LEGO's lengths (its T5 runs are only on a `_perm` variant)
+PAPER_LEGO_SPLIT = "s2s_lego/len_tr8_ts16"
+LEGO_FORMATS = {False: "none", True: "icor"}  # the paper's with / without, our two formats
+
+
+def lego_paper_comparison(runs: pd.DataFrame) -> pd.DataFrame:
+    """LEGO without and with a scratchpad: our OOD exact match per PE (formats `none` and
+    `icor`) beside the paper's means over its seed runs (`paper_aggregates`), for the PEs the
+    paper reports on this split."""
+    from nopeinterp.paper import paper_aggregates
+
+    agg = paper_aggregates()
+    paper = agg[(agg["split"] == PAPER_LEGO_SPLIT) & (agg["model"] == "base")]
+    ours = runs[runs.task == "lego"]
+    rows = []
+    for pe in [p for p in PES if p in set(paper["pe"])]:
+        for with_pad, fmt in LEGO_FORMATS.items():
+            o = ours[(ours.pe == pe) & (ours.scratchpad == fmt)]
+            q = paper[(paper.pe == pe) & (paper.scratchpad == with_pad)]
+            rows.append(
+                {
+                    "pe": pe,
+                    "scratchpad": fmt,
+                    "our_runs": len(o),
+                    "ours_ood": mean_span(o["ood_accuracy"]),
+                    "paper_seeds": int(q["n_seeds"].sum()),
+                    "paper_ood_mean": q["ood_mean"].item() if len(q) == 1 else None,
+                    "paper_ood_std": q["ood_std"].item() if len(q) == 1 else None,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
 def figure(runs: pd.DataFrame):
     """OOD exact match by format (x) and PE (colour), one panel per task; each run a point,
     the mean a bar; the paper's addition runs (full format) as open diamonds."""
@@ -344,9 +377,11 @@ def report() -> list[Path]:
         summary = pd.DataFrame()
     comparison = paper_comparison(runs) if len(runs) else paper_comparison(_empty())
     paths += write_table(comparison, OUT, "addition_icovr_vs_paper")
+    lego = lego_paper_comparison(runs if len(runs) else _empty())
+    paths += write_table(lego, OUT, "lego_vs_paper")
     fig_paths = write_figure(figure(runs if len(runs) else _empty()), OUT, "ood_by_format")
     paths += [p for p in fig_paths if p.suffix == ".png"]  # the HTML is not committed
-    REPORT.write_text(_with_section(REPORT.read_text(), section(runs, summary, comparison)))
+    REPORT.write_text(_with_section(REPORT.read_text(), section(runs, summary, comparison, lego)))
     return [*paths, REPORT]
 
 
@@ -355,7 +390,7 @@ def _empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
 
 
-def section(runs, summary, comparison) -> str:
+def section(runs, summary, comparison, lego) -> str:
     total = len(grid())
     done = len(runs)
     lines = [
@@ -397,6 +432,16 @@ def section(runs, summary, comparison) -> str:
         "protocol's small model). The paper has one Rotary run.",
         "",
         to_markdown(comparison),
+        "",
+        "LEGO without a scratchpad (`none`) and with every component LEGO has (`icor`), beside "
+        "the paper's means and standard deviations over its seed runs on the same lengths "
+        f"(`{PAPER_LEGO_SPLIT}`, its base-size decoder; the paper's scratchpad format for these "
+        "runs is not in its results file). The PEs the paper reports there: "
+        + (", ".join(dict.fromkeys(lego["pe"])) if len(lego) else "none")
+        + ".",
+        "",
+        to_markdown(lego),
+        "",
         *(
             ["![OOD exact match by format and PE](results/scratchpad/ood_by_format.png)", ""]
             if (OUT / "ood_by_format.png").exists()

@@ -48,6 +48,20 @@ def test_the_study_records_its_runs_and_regenerates_its_report_section(study):
     assert "Batches: 2 runs in 2 length groups (length groups:" in text
     comparison = pd.read_csv(s.OUT / "addition_icovr_vs_paper.csv").set_index("pe")
     assert comparison.loc["nope", "our_runs"] == 1 and comparison.loc["nope", "paper_runs"] == 3
+    # LEGO beside the paper's aggregates, read here from the official file by hand
+    import csv
+
+    from nopeinterp.paper import PAPER_AGGREGATES
+
+    with open(PAPER_AGGREGATES) as f:
+        paper = {(r["pe"], r["scratchpad"]): float(r["test_acc_mean"]) for r in csv.DictReader(f)
+                 if r["dataset"] == "s2s_lego" and r["split"] == "len_tr8_ts16"}  # fmt: skip
+    lego = pd.read_csv(s.OUT / "lego_vs_paper.csv").set_index(["pe", "scratchpad"])
+    assert list(lego.index) == [("nope", "none"), ("nope", "icor")]  # t5: none on this split
+    assert lego.loc[("nope", "none"), "paper_ood_mean"] == paper[("none", "False")]
+    assert lego.loc[("nope", "icor"), "paper_ood_mean"] == paper[("none", "True")]
+    assert (lego["our_runs"] == 0).all()  # no LEGO run in this tiny grid
+    assert "The PEs the paper reports there: nope." in text
     # a record written before the setting counts as the padded batch
     path = s.RECORDS / records[0]
     path.write_text(json.dumps({**rec, "config": {k: v for k, v in rec["config"].items()
