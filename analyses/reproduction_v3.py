@@ -331,6 +331,55 @@ def size_comparison(runs: pd.DataFrame) -> pd.DataFrame:
     return repro.in_paper_order(out.reset_index()[["split", "pe", *cols]], "split")
 
 
+# the analyses' summary files over seeds (written by `analyse`), per analysed split
+MECHANISM_FILES = {
+    "probes": "position_probes_seeds.csv",
+    "distance": "distance_dependence_seeds.csv",
+    "similarity": "attention_similarity_seed_summary.csv",
+}
+
+
+def mechanisms() -> dict:
+    """Claims 2-4 on this grid's checkpoints, per analysed split that `analyse` has written:
+    `probes` (Theorem 1: the probe of absolute position after the first block, trained model
+    and random init, over seeds), `distance` (Theorem 2: the distance-dependence score of the
+    later layers, mean over them of the heads' mean, max over them of the heads' max),
+    `similarity` (NoPE's attention against each PE's and NoPE-prime's, JSD over seeds), and
+    `rebuilt` (the analysed runs trained again on this machine, against their records)."""
+    base = repro.RECORDS / V3 / repro.lr_folder(V3_LR) / "analyses"
+    rebuilt_path = base / "rebuilt_runs.csv"
+    rebuilt = pd.read_csv(rebuilt_path) if rebuilt_path.exists() else pd.DataFrame()
+    out = {}
+    for split in ANALYSED:
+        paths = {k: base / split / name for k, name in MECHANISM_FILES.items()}
+        if not all(path.exists() for path in paths.values()):
+            continue
+        probes = pd.read_csv(paths["probes"])
+        probes = probes.loc[probes["layer"] == 1, [
+            "pe", "n_seeds", "ID r2_mean", "ID r2_min", "ID r2_max", "ID r2 [random_init]_mean",
+            "OOD r2_mean", "OOD r2 [random_init]_mean",
+        ]]  # fmt: skip
+        distance = pd.read_csv(paths["distance"])
+        distance = (
+            distance[distance["layer"] >= 1]
+            .groupby(["pe", "split"], sort=False)
+            .agg(
+                score_mean_heads=("score_mean_heads_mean", "mean"),
+                score_max_heads=("score_max_heads_mean", "max"),
+                n_seeds=("n_seeds", "min"),
+            )
+            .reset_index()
+        )
+        mine = rebuilt[rebuilt["split"] == split] if len(rebuilt) else rebuilt
+        out[split] = {
+            "probes": probes.reset_index(drop=True),
+            "distance": distance,
+            "similarity": pd.read_csv(paths["similarity"]),
+            "rebuilt": mine,
+        }
+    return out
+
+
 def results(root: Path | None = None) -> dict:
     """Everything the tables and the report show, computed once from the committed records:
     runs, convergence, against_v2, converging_changed, size, status; on complete (split, seed)
@@ -458,6 +507,54 @@ def table(out: Path | None = None, root: Path | None = None) -> list[Path]:
     return paths
 
 
+def mechanisms_lines(found: dict) -> list[str]:
+    """The report's lines on claims 2-4 (`mechanisms()`), or a line saying they are to come."""
+    from _common import to_markdown
+
+    lines = ["### Claims 2-4 on this grid's checkpoints", ""]
+    if not found:
+        return [
+            *lines,
+            f"Not analysed yet: the protocol runs them on {' and '.join(ANALYSED)}, every "
+            "seed, once those runs are done (`python analyses/reproduction_v3.py rebuild` "
+            "where their checkpoints are not on the machine, then `analyse`).",
+        ]
+    lines += [
+        "From `python analyses/reproduction_v3.py analyse` (the first grid's analysis scripts; "
+        "all files in analyses/results/reproduction/v3/lr=0.001/analyses/<split>/).",
+        "",
+    ]
+    for split, tables in found.items():
+        rebuilt = tables["rebuilt"]
+        lines += [f"**{split}.**", ""]
+        if len(rebuilt):
+            lines += [
+                f"{len(rebuilt)} of the analysed checkpoints were trained again on the machine "
+                "that analysed them (`rebuild`), so they are new samples of their runs, not the "
+                "recorded models: their OOD exact match differs from the record's by up to "
+                f"{(rebuilt['ood_accuracy_rebuilt'] - rebuilt['ood_accuracy']).abs().max():.3f} "
+                "(rebuilt_runs.md).",
+                "",
+            ]
+        lines += [
+            "Theorem 1: ridge probes of absolute position after the first block (R^2, mean "
+            "[min, max] over seeds; the random-init model of the same config beside it):",
+            "",
+            to_markdown(tables["probes"]),
+            "",
+            "Theorem 2: distance dependence of the later layers (blocks 2 on), ID and OOD:",
+            "",
+            to_markdown(tables["distance"]),
+            "",
+            "Claim 4: JSD between NoPE's attention and each PE's (and another NoPE seed's, "
+            "NoPE-prime), over seeds; ranks per seed:",
+            "",
+            to_markdown(tables["similarity"]),
+            "",
+        ]
+    return lines
+
+
 REPORT = Path(__file__).resolve().parent / "REPORT.md"
 BEGIN, END = "<!-- reproduction-v3:begin -->", "<!-- reproduction-v3:end -->"
 
@@ -544,6 +641,7 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
                 "",
                 f"**{verdict}.**",
             ]
+        lines += ["", *mechanisms_lines(mechanisms())]
         lines.append(END)
     text = "\n".join(lines)
     body = path.read_text()

@@ -539,7 +539,7 @@ def test_commit_records_commits_only_the_named_paths(tmp_path, monkeypatch, caps
     assert "warning: not committed" in capsys.readouterr().out
 
 
-def _v3(monkeypatch, tmp_path):
+def _v3(monkeypatch, tmp_path, n_layers=1):
     """analyses/reproduction_v3.py on tmp folders and a tiny shape (its settings otherwise)."""
     monkeypatch.syspath_prepend(str(ROOT / "analyses"))
     import reproduction_v3 as v3
@@ -549,7 +549,7 @@ def _v3(monkeypatch, tmp_path):
     monkeypatch.setattr(v3, "FIVE_PES", ("nope", "t5"))
     monkeypatch.setattr(v3.repro, "FIVE_PES", ("nope", "t5"))
     calls = []
-    small = {**SMALL, "n_layers": 1, "d_model": 32, "d_mlp": 64, "d_head": 16}
+    small = {**SMALL, "n_layers": n_layers, "d_model": 32, "d_mlp": 64, "d_head": 16}
 
     def sweep(*a, preset, overrides, **k):
         calls.append((preset, dict(overrides)))
@@ -588,7 +588,7 @@ def test_v3_grid_runs_the_protocol_settings_seed_major_and_resumes(tmp_path, mon
 def test_v3_analyse_runs_claims_2_to_4_on_the_grids_checkpoints(tmp_path, monkeypatch):
     """`analyse` reads this grid's own run folders (not the first grid's) and writes under
     results/reproduction/v3/lr=<lr>/analyses/<split>/; NoPE-prime is the NoPE run of seed 1."""
-    v3, _ = _v3(monkeypatch, tmp_path)
+    v3, _ = _v3(monkeypatch, tmp_path, n_layers=2)  # a first block and a later one
     v3.run_grid(splits=["rsc"], seeds=[0, 1])
     v3.analyse(["rsc"], quick=True)
     written = tmp_path / "records" / "v3" / "lr=0.001" / "analyses" / "rsc"
@@ -598,6 +598,20 @@ def test_v3_analyse_runs_claims_2_to_4_on_the_grids_checkpoints(tmp_path, monkey
     refs = set(pd.read_csv(written / "attention_similarity.csv")["ref"])
     assert refs == {"t5", "nope_prime"}
     assert not (tmp_path / "records" / "analyses").exists()  # not the first grid's folder
+    # the report's lines on claims 2-4 come from these files
+    found = v3.mechanisms()
+    assert list(found) == ["rsc"]
+    seeds = pd.read_csv(written / "position_probes_seeds.csv")
+    want = seeds[seeds["layer"] == 1].set_index("pe")["ID r2_mean"]
+    assert found["rsc"]["probes"].set_index("pe")["ID r2_mean"].to_dict() == want.to_dict()
+    dist = pd.read_csv(written / "distance_dependence_seeds.csv")
+    later = dist[(dist["layer"] >= 1) & (dist["pe"] == "nope") & (dist["split"] == "ID")]
+    row = found["rsc"]["distance"].set_index(["pe", "split"]).loc[("nope", "ID")]
+    assert row["score_mean_heads"] == pytest.approx(later["score_mean_heads_mean"].mean())
+    assert set(found["rsc"]["similarity"]["ref"]) == {"t5", "nope_prime"}
+    lines = "\n".join(v3.mechanisms_lines(found))
+    assert "**rsc.**" in lines and "Not analysed yet" not in lines and "trained again" not in lines
+    assert "Not analysed yet" in "\n".join(v3.mechanisms_lines({}))
     with pytest.raises(NopeinterpError, match="not in the protocol: cmc"):
         v3.analyse(["cmc"])
 
@@ -746,6 +760,7 @@ def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
     assert f"Claim 1 by the protocol's decision rule: {got}" in text
     for heading in ("What converging changed", "Size:", "The three shapes", "Kendall's tau-b"):
         assert heading in text
+    assert "### Claims 2-4 on this grid's checkpoints\n\nNot analysed yet" in text
     assert "60 of 60 runs done" in text and "Interim" not in text
     assert "Batches: 60 runs on the padded batch." in text  # records without the setting
     for rec in (tmp_path / "records" / "v3" / "lr=0.001").glob("mdlen-*.json"):
