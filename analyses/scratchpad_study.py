@@ -5,12 +5,19 @@
     python analyses/scratchpad_study.py run [--max-runs N] [--no-commit]
                                                    # the grid in protocol order; rerun to resume
     python analyses/scratchpad_study.py report     # tables, figure, REPORT.md's section
+    python analyses/scratchpad_study.py regions    # attention by region, finished checkpoints
 
 `run` trains one run at a time (one torch thread) under runs/scratchpad/<run>/ (not committed;
 an interrupted run resumes from its training state), copies each finished run's record to
 analyses/results/scratchpad/records/<run>.json, regenerates the report and commits both
 (`--no-commit`: write only). `report` reads only the committed records: the same command gives
 the same REPORT.md section on any machine.
+
+`regions` (a descriptive view added after the runs started, no verdict drawn from it): for
+each recorded run with a scratchpad whose checkpoint is on this machine, the attention mass on
+each region of the sequence (prompt, scratchpad components, markers, answer) while the model
+reads the gold targets, into analyses/results/scratchpad/regions/<run>.csv (one file per run,
+so runs trained on different machines add up); `report` then shows them.
 """
 
 from __future__ import annotations
@@ -59,6 +66,13 @@ OVERRIDES = {"stop_at_val": STOP_AT_VAL, "length_groups": LENGTH_GROUPS}
 RUNS = ROOT / "runs" / "scratchpad"
 OUT = RESULTS / "scratchpad"
 RECORDS = OUT / "records"
+REGIONS_OUT = OUT / "regions"
+# the regions view: examples per length (every ID and OOD length), on the gold targets
+# teacher-forced (the same text for every PE, so differences are the models', not what each
+# generated: most OOD generations here are wrong)
+REGION_N = 10
+REGION_TOKENS = "gold"
+REGION_QUERY = "output"  # the table and figure: the rows that predict each step's output
 REPORT = ROOT / "analyses" / "REPORT.md"
 BEGIN, END = "<!-- scratchpad-study:begin -->", "<!-- scratchpad-study:end -->"
 COMMAND = "python analyses/scratchpad_study.py report"
@@ -192,6 +206,104 @@ def run(max_runs: int | None, commit: bool) -> None:
                 f"{rec['best_step']}); report regenerated"
             )
             _git("commit", "-m", msg, "--", str(dest), *map(str, paths))
+
+
+def regions(force: bool = False) -> list[Path]:
+    """The regions view (module doc) of each recorded scratchpad run whose checkpoint is here
+    and whose file is not written yet (`force`: again); the paths written."""
+    from nopeinterp._io import atomic_write_text
+    from nopeinterp.probing.regions import attention_regions
+
+    written = []
+    for path in sorted(RECORDS.glob("*.json")):
+        rec = json.loads(path.read_text())
+        if str(rec["task_options"].get("scratchpad", "none")) == "none":
+            continue
+        out = REGIONS_OUT / f"{path.stem}.csv"
+        checkpoint = RUNS / path.stem / "model.pt"
+        if out.exists() and not force:
+            continue
+        if not checkpoint.exists():
+            print(f"{path.stem}: no checkpoint on this machine, skipped", flush=True)
+            continue
+        result = attention_regions(checkpoint, n=REGION_N, tokens=REGION_TOKENS, name=path.stem)
+        table = result.by_layer.assign(
+            task=rec["task"], scratchpad=rec["task_options"]["scratchpad"], seed=rec["seed"]
+        )
+        written.append(atomic_write_text(out, table.to_csv(index=False)))
+        print(f"{path.stem}: {out.name} written", flush=True)
+    return written
+
+
+def load_regions() -> pd.DataFrame:
+    """Every run's regions file (`regions`), stacked ('' columns when there is none)."""
+    files = sorted(REGIONS_OUT.glob("*.csv"))
+    if not files:
+        return pd.DataFrame()
+    return pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+
+
+def regions_summary(by_layer: pd.DataFrame) -> pd.DataFrame:
+    """In the rows that predict each step's output words (REGION_QUERY), the attention mass on
+    each key region at the last layer, per (task, format, PE, split), mean over seeds (4
+    decimals: a presentation table; the files keep every digit)."""
+    from nopeinterp.tasks.scratchpad import REGIONS
+
+    t = by_layer[by_layer["query_region"] == REGION_QUERY]
+    t = t[t["layer"] == t["layer"].max()]
+    out = t.pivot_table(
+        index=["task", "scratchpad", "pe", "split"], columns="key_region", values="mass",
+        aggfunc="mean", sort=False,
+    )  # fmt: skip
+    seeds = t.groupby(["task", "scratchpad", "pe", "split"], sort=False)["seed"].nunique()
+    out = out[[r for r in REGIONS if r in out.columns]].assign(seeds=seeds)
+    out = out.reset_index()
+    out["_p"] = out["pe"].map({p: i for i, p in enumerate(PES)})
+    out = out.sort_values(["task", "scratchpad", "_p", "split"]).drop(columns="_p")
+    return out.round(4)
+
+
+def regions_figure(by_layer: pd.DataFrame):
+    """One panel per (task, format) and PE: per layer and split, a bar of the attention mass
+    on each key region (stacked) in the rows that predict each step's output words."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from nopeinterp.tasks.scratchpad import REGIONS
+    from nopeinterp.viz.legend import Legend
+
+    t = by_layer[by_layer["query_region"] == REGION_QUERY]
+    t = t.groupby(["task", "scratchpad", "pe", "split", "layer", "key_region"], sort=False)
+    t = t["mass"].mean().reset_index()  # over seeds
+    specs = list(dict.fromkeys(zip(t["task"], t["scratchpad"], strict=True)))
+    pes = [p for p in PES if p in set(t["pe"])]
+    fig = make_subplots(
+        rows=len(specs), cols=len(pes), shared_yaxes=True,
+        subplot_titles=[f"{task} {fmt} | {pe}" for task, fmt in specs for pe in pes],
+    )  # fmt: skip
+    legend = Legend(list(REGIONS))
+    for row, (task, fmt) in enumerate(specs, start=1):
+        for col, pe in enumerate(pes, start=1):
+            cell = t[(t["task"] == task) & (t["scratchpad"] == fmt) & (t["pe"] == pe)]
+            pairs = cell[["split", "layer"]].drop_duplicates().sort_values(["split", "layer"])
+            x = [pairs["split"].tolist(), [f"layer {v}" for v in pairs["layer"]]]
+            for key in [r for r in REGIONS if r in set(cell["key_region"])]:
+                k = cell[cell["key_region"] == key].set_index(["split", "layer"])["mass"]
+                y = [k.get(pair, 0.0) for pair in zip(pairs["split"], pairs["layer"], strict=True)]
+                fig.add_trace(
+                    go.Bar(x=x, y=y, marker_color=legend.color(key), **legend.entry(key)),
+                    row=row, col=col,
+                )  # fmt: skip
+    fig.update_layout(
+        barmode="stack",
+        title=f"Attention mass by attended region when predicting each step's {REGION_QUERY} "
+        "(gold scratchpads teacher-forced; x: split and layer)",
+        legend_title_text="attended region",
+        width=max(700, 260 * len(pes)),
+        height=340 * len(specs) + 120,
+    )
+    fig.update_yaxes(range=[0, 1])
+    return fig
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -381,7 +493,15 @@ def report() -> list[Path]:
     paths += write_table(lego, OUT, "lego_vs_paper")
     fig_paths = write_figure(figure(runs if len(runs) else _empty()), OUT, "ood_by_format")
     paths += [p for p in fig_paths if p.suffix == ".png"]  # the HTML is not committed
-    REPORT.write_text(_with_section(REPORT.read_text(), section(runs, summary, comparison, lego)))
+    by_layer = load_regions()
+    region_table = regions_summary(by_layer) if len(by_layer) else None
+    if region_table is not None:
+        paths += write_table(region_table, OUT, "regions_last_layer")
+        fig_paths = write_figure(regions_figure(by_layer), OUT, "regions_output")
+        paths += [p for p in fig_paths if p.suffix == ".png"]
+    REPORT.write_text(
+        _with_section(REPORT.read_text(), section(runs, summary, comparison, lego, region_table))
+    )
     return [*paths, REPORT]
 
 
@@ -390,7 +510,7 @@ def _empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
 
 
-def section(runs, summary, comparison, lego) -> str:
+def section(runs, summary, comparison, lego, region_table=None) -> str:
     total = len(grid())
     done = len(runs)
     lines = [
@@ -449,9 +569,42 @@ def section(runs, summary, comparison, lego) -> str:
         ),
         "Interactive figure: `analyses/results/scratchpad/ood_by_format.html` (not committed; "
         "written by the same command).",
+        "",
+        *regions_lines(region_table),
         END,
     ]
     return "\n".join(lines) + "\n"
+
+
+def regions_lines(region_table) -> list[str]:
+    """The section's lines on the regions view (a descriptive view: no verdict)."""
+    head = ["## Where the models look while writing a scratchpad", ""]
+    if region_table is None:
+        return [
+            *head,
+            "No run analysed yet (`python analyses/scratchpad_study.py regions` on a machine "
+            "that has the runs' checkpoints, then `report`).",
+            "",
+        ]
+    runs = len(list(REGIONS_OUT.glob("*.csv")))
+    return [
+        *head,
+        f"A descriptive view, added after the runs started (no verdict rests on it), of {runs} "
+        "finished runs whose checkpoints were on the machine that ran `python "
+        f"analyses/scratchpad_study.py regions`: {REGION_N} examples per ID and OOD length, the "
+        f"gold scratchpads teacher-forced (the same text for every PE). In the rows that "
+        f"predict each step's {REGION_QUERY} words, the attention mass on each region at the "
+        "last layer, mean over heads and seeds (every layer: the figure, and "
+        "`analyses/results/scratchpad/regions/`):",
+        "",
+        to_markdown(region_table),
+        "",
+        *(
+            ["![Attention by region](results/scratchpad/regions_output.png)", ""]
+            if (OUT / "regions_output.png").exists()
+            else []
+        ),
+    ]
 
 
 def _with_section(text: str, new: str) -> str:
@@ -470,11 +623,15 @@ def main() -> None:
     s.add_argument("--max-runs", type=int, default=None, help="stop after this many runs")
     s.add_argument("--no-commit", action="store_true", help="write records, commit nothing")
     sub.add_parser("report", help="tables, figure and REPORT.md's section from the records")
+    s = sub.add_parser("regions", help="attention by region on the finished runs' checkpoints")
+    s.add_argument("--force", action="store_true", help="again for runs already written")
     args = p.parse_args()
     if args.command == "pilot":
         pilot(args.steps)
     elif args.command == "run":
         run(args.max_runs, commit=not args.no_commit)
+    elif args.command == "regions":
+        regions(args.force)
     else:
         for path in report():
             print(path.relative_to(ROOT))

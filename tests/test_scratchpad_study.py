@@ -24,6 +24,7 @@ def study(tmp_path, monkeypatch):
     monkeypatch.setattr(s, "OVERRIDES", {**s.OVERRIDES, **tiny})
     for name, value in (("RUNS", tmp_path / "runs"), ("OUT", tmp_path / "out"),
                         ("RECORDS", tmp_path / "out" / "records"),
+                        ("REGIONS_OUT", tmp_path / "out" / "regions"),
                         ("REPORT", tmp_path / "REPORT.md")):  # fmt: skip
         monkeypatch.setattr(s, name, value)
     s.REPORT.write_text("# Report\n\nearlier text\n")
@@ -74,3 +75,29 @@ def test_the_study_records_its_runs_and_regenerates_its_report_section(study):
     assert sorted(runs["length_groups"]) == [1, 2]
     s.run(max_runs=None, commit=False)  # recorded runs are not run again
     assert sorted(p.name for p in s.RECORDS.glob("*.json")) == records
+
+
+def test_the_regions_view_reads_each_finished_checkpoint_once(study, capsys):
+    s = study
+    s.run(max_runs=None, commit=False)
+    assert "No run analysed yet" in s.REPORT.read_text()
+    first, second = sorted(s.RECORDS.glob("*.json"))
+    (s.RUNS / second.stem / "model.pt").unlink()  # trained on another machine
+    written = s.regions()
+    assert [p.name for p in written] == [f"{first.stem}.csv"]
+    assert "no checkpoint on this machine, skipped" in capsys.readouterr().out
+    table = pd.read_csv(written[0])
+    rows = table.groupby(["split", "layer", "query_region"])["mass"].sum()
+    assert rows.to_numpy() == pytest.approx(1.0, abs=1e-4)  # each query's mass over key regions
+    assert {"ID", "OOD"} == set(table["split"]) and "output" in set(table["query_region"])
+    assert s.regions() == []  # written once; --force writes again
+    s.report()
+    summary = pd.read_csv(s.OUT / "regions_last_layer.csv")
+    last = table[(table["query_region"] == "output") & (table["layer"] == table["layer"].max())]
+    want = last.set_index(["split", "key_region"])["mass"]
+    for row in summary.itertuples():
+        assert row.pe == "nope" and row.seeds == 1
+        assert row.computation == pytest.approx(want[(row.split, "computation")], abs=1e-4)
+    text = s.REPORT.read_text()
+    assert "## Where the models look while writing a scratchpad" in text
+    assert "of 1 finished runs" in text and text.count(s.BEGIN) == 1
