@@ -310,12 +310,13 @@ def shapes() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def size_comparison(runs: pd.DataFrame) -> pd.DataFrame:
+def size_comparison(runs: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     """Per (split, PE) where the paper reports both of its sizes (copy splits; NoPE, T5,
     sinusoidal): our mean OOD exact match (this grid, seeds so far) beside the paper's base and
     extra-small decoders (``paper_aggregates``: its len_gen_experiments file, means over its
-    seed runs) and the paper's per-run seed results that the MRR uses (another run set)."""
-    from nopeinterp.paper import paper_aggregates, paper_runs
+    seed runs) and the paper's per-run seed results that the MRR uses (`paper`, the
+    `paper_runs()` table: another run set)."""
+    from nopeinterp.paper import paper_aggregates
 
     agg = paper_aggregates()
     agg = agg[~agg["scratchpad"] & agg["split"].isin(V3_SPLITS)]
@@ -325,7 +326,7 @@ def size_comparison(runs: pd.DataFrame) -> pd.DataFrame:
     ours = done.groupby(["split", "pe"]).agg(
         ours_v3=("ood_accuracy", "mean"), seeds_v3=("seed", "nunique")
     )
-    seed_runs = paper_runs().groupby(["split", "pe"])["ood_accuracy"].mean()
+    seed_runs = paper.groupby(["split", "pe"])["ood_accuracy"].mean()
     out = sizes.join(ours, how="left").join(seed_runs.rename("paper_seed_runs"), how="left")
     cols = ["ours_v3", "seeds_v3", "paper_xsmall", "paper_base", "paper_seed_runs"]
     return repro.in_paper_order(out.reset_index()[["split", "pe", *cols]], "split")
@@ -395,13 +396,14 @@ def results(root: Path | None = None) -> dict:
     )
 
     runs = grid_runs(root)
+    paper = paper_runs()
     done = runs[runs["status"] == "done"]
     hours = done["train_wall_s"].sum() / 3600
     out = {
         "runs": runs,
         "convergence": convergence(runs),
         "against_v2": against_v2(runs),
-        "size": size_comparison(runs),
+        "size": size_comparison(runs, paper),
         "status": (
             f"{len(done)} of {len(runs)} runs done; {int(done['reached_target'].sum())} "
             f"reached {V3_TARGET} ID validation, {int(done['capped'].sum())} capped at "
@@ -417,7 +419,7 @@ def results(root: Path | None = None) -> dict:
     ours = repro.complete_cells(runs)
     if not ours.empty:
         splits = [s for s in V3_SPLITS if s in set(ours["split"])]
-        sides = {"ours": ours[list(RUN_COLUMNS)], "paper": paper_runs()}
+        sides = {"ours": ours[list(RUN_COLUMNS)], "paper": paper}
         out["comparison"] = compare_with_paper(sides["ours"], sides["paper"], splits=splits)
         meta = out["comparison"].meta
         # the first grid's sensitivity view: tied PEs share their average rank
@@ -521,7 +523,8 @@ def mechanisms_lines(found: dict) -> list[str]:
         ]
     lines += [
         "From `python analyses/reproduction_v3.py analyse` (the first grid's analysis scripts; "
-        "all files in analyses/results/reproduction/v3/lr=0.001/analyses/<split>/).",
+        f"all files in analyses/results/reproduction/{V3 / repro.lr_folder(V3_LR)}/analyses/"
+        "<split>/).",
         "",
     ]
     for split, tables in found.items():

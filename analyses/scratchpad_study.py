@@ -163,6 +163,16 @@ def record_path(run: str) -> Path:
     return RECORDS / f"{run}.json"
 
 
+def record_format(rec: dict) -> str:
+    """A record's scratchpad format ('none' for a run without one)."""
+    return str(rec["task_options"].get("scratchpad", "none"))
+
+
+def pe_rank(pes: pd.Series) -> pd.Series:
+    """Each PE's place in PES (the study's order), for sorting tables."""
+    return pes.map({p: i for i, p in enumerate(PES)})
+
+
 def _git(*args: str) -> None:
     subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True)
 
@@ -217,7 +227,8 @@ def regions(force: bool = False) -> list[Path]:
     written = []
     for path in sorted(RECORDS.glob("*.json")):
         rec = json.loads(path.read_text())
-        if str(rec["task_options"].get("scratchpad", "none")) == "none":
+        fmt = record_format(rec)
+        if fmt == "none":
             continue
         out = REGIONS_OUT / f"{path.stem}.csv"
         checkpoint = RUNS / path.stem / "model.pt"
@@ -227,9 +238,7 @@ def regions(force: bool = False) -> list[Path]:
             print(f"{path.stem}: no checkpoint on this machine, skipped", flush=True)
             continue
         result = attention_regions(checkpoint, n=REGION_N, tokens=REGION_TOKENS, name=path.stem)
-        table = result.by_layer.assign(
-            task=rec["task"], scratchpad=rec["task_options"]["scratchpad"], seed=rec["seed"]
-        )
+        table = result.by_layer.assign(task=rec["task"], scratchpad=fmt, seed=rec["seed"])
         written.append(atomic_write_text(out, table.to_csv(index=False)))
         print(f"{path.stem}: {out.name} written", flush=True)
     return written
@@ -258,7 +267,7 @@ def regions_summary(by_layer: pd.DataFrame) -> pd.DataFrame:
     seeds = t.groupby(["task", "scratchpad", "pe", "split"], sort=False)["seed"].nunique()
     out = out[[r for r in REGIONS if r in out.columns]].assign(seeds=seeds)
     out = out.reset_index()
-    out["_p"] = out["pe"].map({p: i for i, p in enumerate(PES)})
+    out["_p"] = pe_rank(out["pe"])
     out = out.sort_values(["task", "scratchpad", "_p", "split"]).drop(columns="_p")
     return out.round(4)
 
@@ -324,7 +333,7 @@ def load_records() -> pd.DataFrame:
         rows.append(
             {
                 "task": rec["task"],
-                "scratchpad": str(rec["task_options"].get("scratchpad", "none")),
+                "scratchpad": record_format(rec),
                 "pe": rec["pe"],
                 "seed": rec["seed"],
                 "ood_accuracy": rec["ood_accuracy"],
@@ -361,7 +370,7 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     out["_o"] = [
         order.get(f"{t}:scratchpad={s}", 99) for t, s in zip(out.task, out.scratchpad, strict=True)
     ]
-    out["_p"] = out["pe"].map({p: i for i, p in enumerate(PES)})
+    out["_p"] = pe_rank(out["pe"])
     return out.sort_values(["_o", "_p"]).drop(columns=["_o", "_p"]).reset_index(drop=True)
 
 
@@ -390,7 +399,7 @@ def paper_comparison(runs: pd.DataFrame) -> pd.DataFrame:
 
 # the paper's LEGO split at our LEGO's lengths (its T5 runs are only on a `_perm` variant)
 PAPER_LEGO_SPLIT = "s2s_lego/len_tr8_ts16"
-LEGO_FORMATS = {False: "none", True: "icor"}  # the paper's with / without, our two formats
+LEGO_FORMATS = {False: "none", True: "icor"}  # the paper's without / with, our two formats
 
 
 def lego_paper_comparison(runs: pd.DataFrame) -> pd.DataFrame:
@@ -495,13 +504,13 @@ def report() -> list[Path]:
     paths += [p for p in fig_paths if p.suffix == ".png"]  # the HTML is not committed
     by_layer = load_regions()
     region_table = regions_summary(by_layer) if len(by_layer) else None
+    region_runs = by_layer["model"].nunique() if len(by_layer) else 0
     if region_table is not None:
         paths += write_table(region_table, OUT, "regions_last_layer")
         fig_paths = write_figure(regions_figure(by_layer), OUT, "regions_output")
         paths += [p for p in fig_paths if p.suffix == ".png"]
-    REPORT.write_text(
-        _with_section(REPORT.read_text(), section(runs, summary, comparison, lego, region_table))
-    )
+    text = section(runs, summary, comparison, lego, region_table, region_runs)
+    REPORT.write_text(_with_section(REPORT.read_text(), text))
     return [*paths, REPORT]
 
 
@@ -510,7 +519,7 @@ def _empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
 
 
-def section(runs, summary, comparison, lego, region_table=None) -> str:
+def section(runs, summary, comparison, lego, region_table=None, region_runs=0) -> str:
     total = len(grid())
     done = len(runs)
     lines = [
@@ -570,14 +579,15 @@ def section(runs, summary, comparison, lego, region_table=None) -> str:
         "Interactive figure: `analyses/results/scratchpad/ood_by_format.html` (not committed; "
         "written by the same command).",
         "",
-        *regions_lines(region_table),
+        *regions_lines(region_table, region_runs),
         END,
     ]
     return "\n".join(lines) + "\n"
 
 
-def regions_lines(region_table) -> list[str]:
-    """The section's lines on the regions view (a descriptive view: no verdict)."""
+def regions_lines(region_table, runs: int) -> list[str]:
+    """The section's lines on the regions view (a descriptive view: no verdict) of `runs`
+    runs."""
     head = ["## Where the models look while writing a scratchpad", ""]
     if region_table is None:
         return [
@@ -586,7 +596,6 @@ def regions_lines(region_table) -> list[str]:
             "that has the runs' checkpoints, then `report`).",
             "",
         ]
-    runs = len(list(REGIONS_OUT.glob("*.csv")))
     return [
         *head,
         f"A descriptive view, added after the runs started (no verdict rests on it), of {runs} "
