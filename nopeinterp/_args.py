@@ -119,7 +119,7 @@ def layers(text: str) -> list[int]:
 def rope_scaling(text: str) -> dict:
     """'yarn:2' -> {"rope_type": "yarn", "factor": 2.0} (also linear, dynamic). The model
     checks the rest (a rotary layer, the other parameters) when it is loaded."""
-    from nopeinterp.models.rotary import ROPE_TYPES
+    from nopeinterp.options import ROPE_TYPES
 
     kinds = [k for k in ROPE_TYPES if k != "default"]
     kind, _, factor = text.partition(":")
@@ -163,6 +163,20 @@ def _check_writable(path: Path, what: str) -> None:
         raise argparse.ArgumentTypeError(
             f"{path}: cannot write {what} in {ancestor} ({e.strerror or e})"
         ) from None
+
+
+def in_path(text: str) -> str:
+    """An input file or folder (checkpoint, texts, Hugging Face directory): it must exist.
+    Checked while parsing, so a mistyped path fails at once, not after the model imports."""
+    path = Path(text)
+    _check_length(path)
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise argparse.ArgumentTypeError(f"{text}: no such file or folder") from None
+    except OSError as e:  # permission denied on a folder, a loop of links
+        raise argparse.ArgumentTypeError(f"{text}: cannot open ({e.strerror or e})") from None
+    return text
 
 
 def out_dir(text: str) -> str:

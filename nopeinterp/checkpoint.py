@@ -26,13 +26,10 @@ import torch
 
 from nopeinterp._io import atomic_write, atomic_write_torch, versions
 from nopeinterp.errors import CheckpointError
-from nopeinterp.models import (
-    ARCH_DEFAULTS,
-    PE_TYPES,
-    build_model,
-    model_config,
-    set_rope_scaling,
-)
+from nopeinterp.options import PE_TYPES
+
+# nopeinterp.models (TransformerLens) is imported only to build a model: a bad file is
+# reported before that import, in the time torch takes to read it.
 
 FORMAT = "nopeinterp-checkpoint"
 FORMAT_VERSION = 1
@@ -94,6 +91,7 @@ def save_checkpoint(model, path, *, tokenizer=None, dtype=None, **meta) -> Path:
     `dtype=torch.float16` stores weights in half precision (loaded back as float32).
     `meta` must be plain data (str, int, float, bool, None, lists and dicts of them).
     """
+    from nopeinterp.models import model_config
     from nopeinterp.tasks.tokenizer import tokenizer_to_json
 
     path = Path(path)
@@ -339,6 +337,8 @@ def load_checkpoint(path, device=None, rope_scaling=None) -> Checkpoint:
         )
     _check_config(config, state, pe, path)
     tokenizer = _read_tokenizer(data.get("tokenizer"), config["d_vocab"], path)
+    from nopeinterp.models import ARCH_DEFAULTS, build_model, set_rope_scaling
+
     try:
         model = build_model(pe, tokenizer=tokenizer, device=device, **{**ARCH_DEFAULTS, **config})
         if rope_scaling is not None:

@@ -354,7 +354,7 @@ def _out(p, what="CSV + HTML") -> None:
 
 def _text_flag(p) -> None:
     p.add_argument(
-        "--text", default=None, help="analyse these texts: one document per line (default: "
+        "--text", default=None, type=_args.in_path, help="analyse these texts: one document per line (default: "
         "the checkpoint's task; random tokens for a model without one)"
     )  # fmt: skip
 
@@ -375,8 +375,14 @@ def _options_flags(p, options_cls, **kw) -> None:
 
 def _model_flags(p, what: str = "a checkpoint") -> None:
     """The model to analyse: `what`, a directory of them, or --hf."""
-    p.add_argument("checkpoint", nargs="?", help=f"{what}, or a directory: every checkpoint in it")
-    p.add_argument("--hf", default=None, help="a Hugging Face save_pretrained directory instead")
+    p.add_argument(
+        "checkpoint", nargs="?", type=_args.in_path,
+        help=f"{what}, or a directory: every checkpoint in it",
+    )  # fmt: skip
+    p.add_argument(
+        "--hf", default=None, type=_args.in_path,
+        help="a Hugging Face save_pretrained directory instead",
+    )  # fmt: skip
 
 
 def _model_inputs(p) -> None:
@@ -409,15 +415,29 @@ def _compare_inputs(p) -> None:
     """compare-attention's models: NoPE (and a second seed) against references."""
     p.add_argument("--ref", action="append", help="PE name, checkpoint path, or 'all' (repeatable)")
     p.add_argument(
-        "--ref-hf", action="append", help="a Hugging Face save_pretrained directory (repeatable)"
+        "--ref-hf",
+        action="append",
+        type=_args.in_path,
+        help="a Hugging Face save_pretrained directory (repeatable)",
     )
-    p.add_argument("--nope-hf", default=None, help="a Hugging Face directory in NoPE's place")
+    p.add_argument(
+        "--nope-hf",
+        default=None,
+        type=_args.in_path,
+        help="a Hugging Face directory in NoPE's place",
+    )
     _text_flag(p)
     p.add_argument("--checkpoints", default="checkpoints", help="where PE names are looked up")
-    p.add_argument("--nope", default=None, help="NoPE checkpoint (default: <dir>/<task>-nope.pt)")
+    p.add_argument(
+        "--nope",
+        default=None,
+        type=_args.in_path,
+        help="NoPE checkpoint (default: <dir>/<task>-nope.pt)",
+    )
     p.add_argument(
         "--nope-prime",
         default=None,
+        type=_args.in_path,
         help="second NoPE seed (default: <dir>/<task>-nope-seed1.pt if present)",
     )
     p.add_argument("--task", default=None, help="default: the NoPE checkpoint's task, else scan")
@@ -444,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("info", help="print a checkpoint's PE, config, parameter count and meta")
-    p.add_argument("checkpoint")
+    p.add_argument("checkpoint", type=_args.in_path)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("train", help="train one model on one task (torchrun: data parallel)")
@@ -480,13 +500,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("collect", help="gather a sweep's records into one table (CSV)")
-    p.add_argument("directory")
+    p.add_argument("directory", type=_args.in_path)
     p.add_argument("--out", default=None, help="CSV path (default: DIRECTORY/records.csv)")
     p.set_defaults(func=cmd_collect)
 
     _analysis(
         sub, "eval", "exact-match accuracy per length (greedy decoding)", cmd_eval,
-        O.EvalOptions, lambda p: p.add_argument("checkpoint"), _rope_flag,
+        O.EvalOptions, lambda p: p.add_argument("checkpoint", type=_args.in_path), _rope_flag,
     )  # fmt: skip
     _analysis(
         sub, "lm-eval", "language models: loss by position past the training context, "
@@ -506,7 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "attention-regions", "attention mass on the prompt, each scratchpad component "
         "and the earlier answer, per generated token, layer and head", cmd_attention_regions,
         O.RegionOptions, lambda p: p.add_argument(
-            "checkpoint", help="a checkpoint, or a directory: every checkpoint in it"),
+            "checkpoint", type=_args.in_path,
+            help="a checkpoint, or a directory: every checkpoint in it"),
     )  # fmt: skip
     _analysis(
         sub, "compare-attention", "JSD between NoPE's attention and each reference PE",
@@ -522,8 +543,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """The command line; returns the exit status (2: a bad argument, said in one line)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits on --help, --version and a bad argument
+        return e.code or 0
     from contextlib import nullcontext
 
     from nopeinterp.progress import quiet

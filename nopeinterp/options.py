@@ -24,11 +24,16 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING, dataclass, field, fields, replace
 
+# The paper's five encodings (and learned APE), then the newer ones (nopeinterp.models builds
+# each; MODEL_CLASSES is checked against this order there).
+PAPER_PE_TYPES = ("nope", "t5", "alibi", "rotary", "ape", "sinusoidal")
+PE_TYPES = (*PAPER_PE_TYPES, "fire", "kerple")
 HEAD_CHOICES = ("min", "hungarian", "same")  # how compare_attention pairs heads
 HOOKS = ("resid_post", "resid_mid", "attn_out", "mlp_out")  # what a position probe reads
 CONCEPTS = ("index", "onehot")  # what position erasure erases
 TOKEN_SOURCES = ("generated", "gold")  # what attention regions read: greedy output or targets
 LM_MODES = ("nonoverlap", "sliding")  # how lm-eval cuts the token stream into windows
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn")  # RoPE scaling of a rotary model
 # torch threads of an analysis command and of the main job: the shipped models are tiny, and on
 # a 2-core machine a second thread only contends (the main job took 40 min at the default thread
 # count beside other jobs, under 2 min with one thread beside the test suite; `probe-position`

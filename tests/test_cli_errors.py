@@ -86,7 +86,19 @@ def cases(c):
         ),
         "info <over-long path>": (
             ["info", long_name],
-            "cannot open checkpoint (File name too long)",
+            "path too long (names up to 255 bytes",
+        ),
+        "info <missing file>": (
+            ["info", str(d / "missing.pt")],
+            "missing.pt: no such file or folder",
+        ),
+        "probe-position --text <missing file>": (
+            ["probe-position", nope, "--text", str(d / "missing.txt")],
+            "argument --text: ",
+        ),
+        "compare-attention --nope-prime <missing file>": (
+            ["compare-attention", "--nope", nope, "--nope-prime", str(d / "missing.pt")],
+            "argument --nope-prime: ",
         ),
         "eval --lengths 1024 (scan)": (
             ["eval", scan, "--n", "1", "--lengths", "1024"],
@@ -188,3 +200,28 @@ def test_api_validates_what_a_notebook_passes(ckpts):
         probe_position(ckpt, n_train=1, n_eval=2, progress=False)
     with pytest.raises(ValueError, match="nope must be a NoPE model"):
         compare_attention(ckpts["copy-t5"], {"nope": ckpts["copy-nope"]}, progress=False)
+
+
+def test_bad_paths_and_files_are_refused_before_the_heavy_imports(ckpts):
+    # A mistyped path fails while the arguments are parsed (no torch); a bad checkpoint file
+    # once torch has read it, before TransformerLens (seconds more) is imported.
+    d = ckpts["dir"]
+    script = (
+        "import sys; from nopeinterp.cli import main; "
+        "code = main(sys.argv[2:]); "
+        "loaded = {m for m in ('torch', 'transformer_lens') if m in sys.modules}; "
+        "assert code == 2 and not loaded & set(sys.argv[1].split(',')), (code, loaded)"
+    )
+    cases = [
+        ("torch,transformer_lens", ["eval", str(d / "missing.pt")]),
+        ("torch,transformer_lens", ["probe-position", str(ckpts["copy-nope"]), "--text", "no.txt"]),
+        ("torch,transformer_lens", ["eval", str(ckpts["copy-nope"]), "--rope-scaling", "ntk:2"]),
+        ("transformer_lens", ["info", str(d / "trunc.pt")]),
+        ("transformer_lens", ["info", str(d / "config.pt")]),
+    ]
+    for banned, argv in cases:
+        proc = subprocess.run(
+            [sys.executable, "-c", script, banned, *argv], capture_output=True, text=True, cwd=d
+        )
+        assert proc.returncode == 0, (argv, proc.stderr[-800:])
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # the one error line

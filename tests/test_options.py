@@ -68,14 +68,14 @@ def test_every_flag_is_an_option_field_with_its_default(command):
         assert action.default == cls.default(dest), (command, dest)
         assert fields[dest].metadata.get("flag", True)
     # parsed with no flag, the options are the dataclass's defaults
-    args = parser.parse_args(["x"] if "checkpoint" in found else [])
+    args = parser.parse_args([__file__] if "checkpoint" in found else [])  # a path that exists
     built = cls(**{d: getattr(args, d) for d in found if d not in INPUTS[command]})
     assert built == cls()
 
 
 def test_a_flag_value_reaches_the_option_field():
     parser = subparsers()["probe-position"]
-    args = parser.parse_args(["c.pt", "--n-train", "7", "--layers", "1,0", "--id-lengths",
+    args = parser.parse_args([__file__, "--n-train", "7", "--layers", "1,0", "--id-lengths",
                               "3-9", "--seed", "4"])  # fmt: skip
     opts = args.options(**{f.name: getattr(args, f.name) for f in args.options.flags()})
     assert (opts.n_train, opts.layers, opts.id_lengths, opts.seed) == (7, (1, 0), (3, 9), 4)

@@ -11,11 +11,9 @@ from nopeinterp.models.registry import ARCH_LAYOUTS, LAYER_PES, MODEL_CLASSES
 from nopeinterp.models.rotary import check_rope_scaling, rope_frequencies, rotary_dim
 from nopeinterp.models.t5 import t5_bucket_ids
 from nopeinterp.models.t5_arch import ARCH_TYPES, T5_EPS, check_arch
+from nopeinterp.options import PAPER_PE_TYPES, PE_TYPES
 from nopeinterp.tasks.tokenizer import adds_bos
 
-# The paper's five encodings (and learned APE), then the newer ones.
-PAPER_PE_TYPES = ("nope", "t5", "alibi", "rotary", "ape", "sinusoidal")
-PE_TYPES = (*PAPER_PE_TYPES, "fire", "kerple")
 LAYER_PE_TYPES = tuple(LAYER_PES)  # the PEs a model may mix per layer (`layer_pe=`)
 assert tuple(MODEL_CLASSES) == PE_TYPES
 

@@ -23,8 +23,8 @@ import torch
 
 from nopeinterp._tl import HookPoint, get_offset_position_ids
 from nopeinterp.models.base import LayerPE, PEAttention, PETransformer
+from nopeinterp.options import ROPE_TYPES
 
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn")
 _ROPE_KEYS = {
     "default": set(),
     "linear": {"factor"},
