@@ -72,7 +72,7 @@ def checkpoint_files(path) -> list[Path]:
             raise NopeinterpError(f"{path}: no checkpoints (*.pt, *.safetensors) in this directory")
         return found
     if not path.exists():
-        raise NopeinterpError(f"{path}: no such checkpoint file")
+        raise NopeinterpError(f"{path}: no such file or folder")
     return [path]
 
 
