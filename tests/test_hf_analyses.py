@@ -4,7 +4,6 @@ two outside models compared, an outside model against our own model on shared te
 under TransformerLens 4, where `from_hf` gives a TransformerBridge."""
 
 import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -147,13 +146,16 @@ def test_compare_an_outside_model_and_one_of_ours_on_shared_text():  # ours: TL 
     assert set(mixed.ranking["ref"]) == {"smollm3"} and (mixed.ranking["mean"] > 0).all()
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "nopeinterp.cli", *args],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-
-
 @pytest.mark.tl4
-def test_cli_hf_flags(tmp_path):
+def test_cli_hf_flags(tmp_path, capsys):
+    # in this process (the real command line is run in subprocesses by test_cli_errors)
+    from nopeinterp.cli import main
+
+    def run_cli(*args):
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
     tok = word_tokenizer()
     for name, seed in (("a", 0), ("b", 1)):
         smollm3(seed).save_pretrained(tmp_path / name)
