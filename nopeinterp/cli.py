@@ -352,11 +352,14 @@ def _out(p, what="CSV + HTML") -> None:
     p.add_argument("--out", default=None, type=_args.out_dir, help=f"directory for {what}")
 
 
+def _path_flag(p, name: str, help: str, **kw) -> None:
+    """An input file or folder: a path that does not exist fails while the flags are parsed."""
+    p.add_argument(name, type=_args.in_path, help=help, **kw)
+
+
 def _text_flag(p) -> None:
-    p.add_argument(
-        "--text", default=None, type=_args.in_path, help="analyse these texts: one document per line (default: "
-        "the checkpoint's task; random tokens for a model without one)"
-    )  # fmt: skip
+    _path_flag(p, "--text", "analyse these texts: one document per line (default: the "
+               "checkpoint's task; random tokens for a model without one)")  # fmt: skip
 
 
 def _rope_flag(p) -> None:
@@ -375,14 +378,8 @@ def _options_flags(p, options_cls, **kw) -> None:
 
 def _model_flags(p, what: str = "a checkpoint") -> None:
     """The model to analyse: `what`, a directory of them, or --hf."""
-    p.add_argument(
-        "checkpoint", nargs="?", type=_args.in_path,
-        help=f"{what}, or a directory: every checkpoint in it",
-    )  # fmt: skip
-    p.add_argument(
-        "--hf", default=None, type=_args.in_path,
-        help="a Hugging Face save_pretrained directory instead",
-    )  # fmt: skip
+    _path_flag(p, "checkpoint", f"{what}, or a directory: every checkpoint in it", nargs="?")
+    _path_flag(p, "--hf", "a Hugging Face save_pretrained directory instead")
 
 
 def _model_inputs(p) -> None:
@@ -414,31 +411,14 @@ def _corpus_flag(p) -> None:
 def _compare_inputs(p) -> None:
     """compare-attention's models: NoPE (and a second seed) against references."""
     p.add_argument("--ref", action="append", help="PE name, checkpoint path, or 'all' (repeatable)")
-    p.add_argument(
-        "--ref-hf",
-        action="append",
-        type=_args.in_path,
-        help="a Hugging Face save_pretrained directory (repeatable)",
-    )
-    p.add_argument(
-        "--nope-hf",
-        default=None,
-        type=_args.in_path,
-        help="a Hugging Face directory in NoPE's place",
-    )
+    _path_flag(p, "--ref-hf", "a Hugging Face save_pretrained directory (repeatable)",
+               action="append")  # fmt: skip
+    _path_flag(p, "--nope-hf", "a Hugging Face directory in NoPE's place")
     _text_flag(p)
     p.add_argument("--checkpoints", default="checkpoints", help="where PE names are looked up")
-    p.add_argument(
-        "--nope",
-        default=None,
-        type=_args.in_path,
-        help="NoPE checkpoint (default: <dir>/<task>-nope.pt)",
-    )
-    p.add_argument(
-        "--nope-prime",
-        default=None,
-        type=_args.in_path,
-        help="second NoPE seed (default: <dir>/<task>-nope-seed1.pt if present)",
+    _path_flag(p, "--nope", "NoPE checkpoint (default: <dir>/<task>-nope.pt)")
+    _path_flag(
+        p, "--nope-prime", "second NoPE seed (default: <dir>/<task>-nope-seed1.pt if present)"
     )
     p.add_argument("--task", default=None, help="default: the NoPE checkpoint's task, else scan")
 
@@ -464,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("info", help="print a checkpoint's PE, config, parameter count and meta")
-    p.add_argument("checkpoint", type=_args.in_path)
+    _path_flag(p, "checkpoint", "a checkpoint file")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("train", help="train one model on one task (torchrun: data parallel)")
@@ -500,13 +480,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("collect", help="gather a sweep's records into one table (CSV)")
-    p.add_argument("directory", type=_args.in_path)
+    _path_flag(p, "directory", "a sweep's output directory")
     p.add_argument("--out", default=None, help="CSV path (default: DIRECTORY/records.csv)")
     p.set_defaults(func=cmd_collect)
 
     _analysis(
         sub, "eval", "exact-match accuracy per length (greedy decoding)", cmd_eval,
-        O.EvalOptions, lambda p: p.add_argument("checkpoint", type=_args.in_path), _rope_flag,
+        O.EvalOptions, lambda p: _path_flag(p, "checkpoint", "a checkpoint file"), _rope_flag,
     )  # fmt: skip
     _analysis(
         sub, "lm-eval", "language models: loss by position past the training context, "
@@ -525,9 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     _analysis(
         sub, "attention-regions", "attention mass on the prompt, each scratchpad component "
         "and the earlier answer, per generated token, layer and head", cmd_attention_regions,
-        O.RegionOptions, lambda p: p.add_argument(
-            "checkpoint", type=_args.in_path,
-            help="a checkpoint, or a directory: every checkpoint in it"),
+        O.RegionOptions,
+        lambda p: _path_flag(p, "checkpoint", "a checkpoint, or a directory: every checkpoint in it"),
     )  # fmt: skip
     _analysis(
         sub, "compare-attention", "JSD between NoPE's attention and each reference PE",
