@@ -130,21 +130,14 @@ def test_main_job_report(ckpt_dir, tmp_path, capsys):
     assert main(["report", "--checkpoints", str(tmp_path / "empty"), "--out", str(out)]) == 2
 
 
-def _cli(*argv):
-    import os
+def _cli(capsys, *argv):
+    """The command line in this process (test_cli_errors runs it in subprocesses); an
+    exception escaping main() fails the test, as a traceback on stderr would."""
     import subprocess
-    import sys
-    from pathlib import Path
 
-    root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, "-m", "nopeinterp.cli", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)
 
 
 def _one_line_exit_2(proc):
@@ -153,9 +146,9 @@ def _one_line_exit_2(proc):
     assert len(proc.stderr.strip().splitlines()) == 1 and "error" in proc.stderr
 
 
-def test_erase_position_cli(ckpt_dir, tmp_path):
+def test_erase_position_cli(ckpt_dir, tmp_path, capsys):
     proc = _cli(
-        "erase-position", str(ckpt_dir / "copy-nope.pt"), "--layers", "1,2",
+        capsys, "erase-position", str(ckpt_dir / "copy-nope.pt"), "--layers", "1,2",
         "--n-train", "40", "--n-eval", "8", "--out", str(tmp_path),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -168,12 +161,14 @@ def test_erase_position_cli(ckpt_dir, tmp_path):
     assert (tmp_path / "erase_position.html").exists()
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
-    _one_line_exit_2(_cli("erase-position", str(bad)))
-    _one_line_exit_2(_cli("erase-position", str(ckpt_dir / "copy-nope.pt"), "--layers", "9"))
+    _one_line_exit_2(_cli(capsys, "erase-position", str(bad)))
+    _one_line_exit_2(
+        _cli(capsys, "erase-position", str(ckpt_dir / "copy-nope.pt"), "--layers", "9")
+    )
 
 
-def test_heads_cli(ckpt_dir, tmp_path):
-    proc = _cli("heads", str(ckpt_dir), "--n-eval", "8", "--out", str(tmp_path))
+def test_heads_cli(ckpt_dir, tmp_path, capsys):
+    proc = _cli(capsys, "heads", str(ckpt_dir), "--n-eval", "8", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "copy-t5" in proc.stdout and "copy-ape" in proc.stdout
     assert "entropy_slope" in proc.stdout and "H1" in proc.stdout
@@ -185,7 +180,7 @@ def test_heads_cli(ckpt_dir, tmp_path):
     assert len(labels) == 2 * 2 * 2  # ID and OOD, 2 layers x 2 heads
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
-    _one_line_exit_2(_cli("heads", str(bad)))
+    _one_line_exit_2(_cli(capsys, "heads", str(bad)))
 
 
 def test_rope_scaling_flag_is_the_python_api(tmp_path, capsys):
