@@ -79,3 +79,20 @@ def ckpt_dir(tmp_path_factory):
             model, directory / f"copy-{name}.pt", task="copy", task_options=TASK_OPTIONS, seed=seed
         )
     return directory
+
+
+@pytest.fixture
+def cli(capsys):
+    """`cli(*argv)`: the command line run in this process, as a CompletedProcess (returncode,
+    stdout, stderr). An exception escaping main() fails the test, as a traceback would.
+    test_cli_errors runs the real command in subprocesses."""
+    import subprocess
+
+    from nopeinterp.cli import main
+
+    def run(*argv):
+        code = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+    return run

@@ -130,25 +130,15 @@ def test_main_job_report(ckpt_dir, tmp_path, capsys):
     assert main(["report", "--checkpoints", str(tmp_path / "empty"), "--out", str(out)]) == 2
 
 
-def _cli(capsys, *argv):
-    """The command line in this process (test_cli_errors runs it in subprocesses); an
-    exception escaping main() fails the test, as a traceback on stderr would."""
-    import subprocess
-
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(argv, code, out, err)
-
-
 def _one_line_exit_2(proc):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "error" in proc.stderr
 
 
-def test_erase_position_cli(ckpt_dir, tmp_path, capsys):
-    proc = _cli(
-        capsys, "erase-position", str(ckpt_dir / "copy-nope.pt"), "--layers", "1,2",
+def test_erase_position_cli(ckpt_dir, tmp_path, cli):
+    proc = cli(
+        "erase-position", str(ckpt_dir / "copy-nope.pt"), "--layers", "1,2",
         "--n-train", "40", "--n-eval", "8", "--out", str(tmp_path),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -161,14 +151,12 @@ def test_erase_position_cli(ckpt_dir, tmp_path, capsys):
     assert (tmp_path / "erase_position.html").exists()
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
-    _one_line_exit_2(_cli(capsys, "erase-position", str(bad)))
-    _one_line_exit_2(
-        _cli(capsys, "erase-position", str(ckpt_dir / "copy-nope.pt"), "--layers", "9")
-    )
+    _one_line_exit_2(cli("erase-position", str(bad)))
+    _one_line_exit_2(cli("erase-position", str(ckpt_dir / "copy-nope.pt"), "--layers", "9"))
 
 
-def test_heads_cli(ckpt_dir, tmp_path, capsys):
-    proc = _cli(capsys, "heads", str(ckpt_dir), "--n-eval", "8", "--out", str(tmp_path))
+def test_heads_cli(ckpt_dir, tmp_path, cli):
+    proc = cli("heads", str(ckpt_dir), "--n-eval", "8", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "copy-t5" in proc.stdout and "copy-ape" in proc.stdout
     assert "entropy_slope" in proc.stdout and "H1" in proc.stdout
@@ -180,7 +168,7 @@ def test_heads_cli(ckpt_dir, tmp_path, capsys):
     assert len(labels) == 2 * 2 * 2  # ID and OOD, 2 layers x 2 heads
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
-    _one_line_exit_2(_cli(capsys, "heads", str(bad)))
+    _one_line_exit_2(cli("heads", str(bad)))
 
 
 def test_rope_scaling_flag_is_the_python_api(tmp_path, capsys):

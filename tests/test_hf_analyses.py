@@ -3,8 +3,6 @@ two outside models compared, an outside model against our own model on shared te
 --hf / --text / --ref-hf flags. The `tl4` tests (all but the one with our own model) also run
 under TransformerLens 4, where `from_hf` gives a TransformerBridge."""
 
-import subprocess
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -147,35 +145,27 @@ def test_compare_an_outside_model_and_one_of_ours_on_shared_text():  # ours: TL 
 
 
 @pytest.mark.tl4
-def test_cli_hf_flags(tmp_path, capsys):
-    # in this process (the real command line is run in subprocesses by test_cli_errors)
-    from nopeinterp.cli import main
-
-    def run_cli(*args):
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out, err)
-
+def test_cli_hf_flags(tmp_path, cli):
     tok = word_tokenizer()
     for name, seed in (("a", 0), ("b", 1)):
         smollm3(seed).save_pretrained(tmp_path / name)
         tok.save_pretrained(tmp_path / name)
     (tmp_path / "docs.txt").write_text("\n".join(texts(30)) + "\n")
     lens = ["--id-lengths", "4-10", "--ood-lengths", "14-20"]
-    r = run_cli("probe-position", "--hf", str(tmp_path / "a"), "--n-train", "30", "--n-eval",
+    r = cli("probe-position", "--hf", str(tmp_path / "a"), "--n-train", "30", "--n-eval",
                 "10", *lens, "--device", "cpu", "--out", str(tmp_path / "pp"))  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "OOD" in r.stdout and (tmp_path / "pp").is_dir()
-    r = run_cli("probe-distance", "--hf", str(tmp_path / "a"), "--text",
+    r = cli("probe-distance", "--hf", str(tmp_path / "a"), "--text",
                 str(tmp_path / "docs.txt"), "--n-eval", "4", *lens)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    r = run_cli("compare-attention", "--nope-hf", str(tmp_path / "a"), "--ref-hf",
+    r = cli("compare-attention", "--nope-hf", str(tmp_path / "a"), "--ref-hf",
                 str(tmp_path / "b"), "--n", "1", "--text", str(tmp_path / "docs.txt"))  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "b" in r.stdout
-    r = run_cli("probe-distance", "--hf", str(tmp_path / "missing"))
+    r = cli("probe-distance", "--hf", str(tmp_path / "missing"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    r = run_cli("probe-distance")
+    r = cli("probe-distance")
     assert r.returncode == 2 and "--hf" in r.stderr
 
 

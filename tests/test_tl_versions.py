@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as tf
-from test_hf_analyses import VOCAB, run_cli, word_tokenizer
+from test_hf_analyses import VOCAB, word_tokenizer
 
 from nopeinterp.models.hf import from_hf
 from nopeinterp.probing import distance_dependence, probe_position
@@ -64,9 +64,9 @@ def test_analyses_run_with_their_defaults_on_an_imported_gpt2():
     assert set(same.ranking["ref"]) == {"other"} and (same.ranking["mean"] > 0).all()
 
 
-def test_cli_probe_position_on_an_imported_directory(tmp_path):
+def test_cli_probe_position_on_an_imported_directory(tmp_path, cli):
     tiny("llama").save_pretrained(tmp_path / "llama")
-    r = run_cli("probe-position", "--hf", str(tmp_path / "llama"), "--n-train", "24",
+    r = cli("probe-position", "--hf", str(tmp_path / "llama"), "--n-train", "24",
                 "--n-eval", "8", "--id-lengths", "4-10", "--ood-lengths", "14-20")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "random_init" in r.stdout and "OOD" in r.stdout
@@ -107,7 +107,7 @@ def test_analyses_run_on_a_shipped_checkpoint():
     assert (same.ranking["mean"] > 0).all()
 
 
-def test_cli_probe_position_on_a_shipped_checkpoint():
-    r = run_cli("probe-position", str(CHECKPOINTS / "copy-t5.pt"), "--n-train", "16", "--n-eval", "4")  # fmt: skip
+def test_cli_probe_position_on_a_shipped_checkpoint(cli):
+    r = cli("probe-position", str(CHECKPOINTS / "copy-t5.pt"), "--n-train", "16", "--n-eval", "4")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "random_init" in r.stdout
