@@ -12,6 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from nopeinterp.options import MAX_TASK_LENGTH, ROPE_TYPES
+
 
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr (no usage block) and exit 2."""
@@ -31,16 +33,11 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _max_task_length() -> int:
-    from nopeinterp.tasks.base import Task
-
-    return Task.max_length  # the longest length any task allows (each may narrow it)
-
-
 def lengths(text: str) -> list[int]:
     """'2-40' -> [2..40]; '5,10,20' -> [5, 10, 20]; '8' -> [8]. Each task checks its own range."""
     out: list[int] = []
-    limit = _max_task_length()
+    limit = MAX_TASK_LENGTH  # each task checks its own, narrower range
+
     try:
         for part in text.split(","):
             lo, _, hi = part.partition("-")
@@ -119,8 +116,6 @@ def layers(text: str) -> list[int]:
 def rope_scaling(text: str) -> dict:
     """'yarn:2' -> {"rope_type": "yarn", "factor": 2.0} (also linear, dynamic). The model
     checks the rest (a rotary layer, the other parameters) when it is loaded."""
-    from nopeinterp.options import ROPE_TYPES
-
     kinds = [k for k in ROPE_TYPES if k != "default"]
     kind, _, factor = text.partition(":")
     try:

@@ -34,6 +34,7 @@ CONCEPTS = ("index", "onehot")  # what position erasure erases
 TOKEN_SOURCES = ("generated", "gold")  # what attention regions read: greedy output or targets
 LM_MODES = ("nonoverlap", "sliding")  # how lm-eval cuts the token stream into windows
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn")  # RoPE scaling of a rotary model
+MAX_TASK_LENGTH = 10_000  # the longest length any task samples (each task may narrow it)
 # torch threads of an analysis command and of the main job: the shipped models are tiny, and on
 # a 2-core machine a second thread only contends (the main job took 40 min at the default thread
 # count beside other jobs, under 2 min with one thread beside the test suite; `probe-position`

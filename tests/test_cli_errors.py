@@ -216,6 +216,7 @@ def test_bad_paths_and_files_are_refused_before_the_heavy_imports(ckpts):
         ("torch,transformer_lens", ["eval", str(d / "missing.pt")]),
         ("torch,transformer_lens", ["probe-position", str(ckpts["copy-nope"]), "--text", "no.txt"]),
         ("torch,transformer_lens", ["eval", str(ckpts["copy-nope"]), "--rope-scaling", "ntk:2"]),
+        ("torch,transformer_lens", ["eval", str(ckpts["copy-nope"]), "--lengths", "1-100000"]),
         ("transformer_lens", ["info", str(d / "trunc.pt")]),
         ("transformer_lens", ["info", str(d / "config.pt")]),
     ]

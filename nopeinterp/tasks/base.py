@@ -44,6 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from nopeinterp.errors import NopeinterpError, TaskError  # noqa: F401  (TaskError: re-exported)
+from nopeinterp.options import MAX_TASK_LENGTH
 
 SPLITS = ("train", "val", "test")
 HELD_OUT_PERCENT = 10
@@ -152,7 +153,7 @@ class Task(ABC):
 
     # Limits on what sample() can produce; subclasses narrow them where needed.
     min_length: int = 1
-    max_length: int = 10_000
+    max_length: int = MAX_TASK_LENGTH
 
     @abstractmethod
     def vocab(self) -> list[str]:
