@@ -113,6 +113,18 @@ def layers(text: str) -> list[int]:
     return out
 
 
+def pe_name(text: str) -> str:
+    """A positional encoding a model can be trained with (training.config.check_pe)."""
+    from nopeinterp.errors import NopeinterpError
+    from nopeinterp.training.config import check_pe
+
+    try:
+        check_pe(text)
+    except NopeinterpError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def rope_scaling(text: str) -> dict:
     """'yarn:2' -> {"rope_type": "yarn", "factor": 2.0} (also linear, dynamic). The model
     checks the rest (a rotary layer, the other parameters) when it is loaded."""

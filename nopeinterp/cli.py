@@ -31,10 +31,11 @@ def _train_overrides(args, *, grid: bool = False) -> dict:
 
 
 def cmd_train(args) -> int:
-    from nopeinterp.training import make_config, train
     from nopeinterp.training.sweep import parse_task_spec
 
-    task, options = parse_task_spec(args.task)
+    task, options = parse_task_spec(args.task)  # checked before the trainer (the models) loads
+    from nopeinterp.training import make_config, train
+
     out = Path(args.out)
     state = out.with_name(out.name + ".state.pt")
     resume = getattr(args, "resume", False)  # a TrainConfig flag: absent unless given
@@ -449,7 +450,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train one model on one task (torchrun: data parallel)")
     p.add_argument("--task", required=True, help="copy, reverse, scan, ...[:option=value,...]")
-    p.add_argument("--pe", required=True, help="nope, t5, alibi, rotary, ape, sinusoidal, ...")
+    p.add_argument(
+        "--pe",
+        required=True,
+        type=_args.pe_name,
+        help="nope, t5, alibi, rotary, ape, sinusoidal, ...",
+    )
     p.add_argument(
         "--out", required=True, type=_args.out_file, help="path of the best checkpoint (.pt)"
     )
@@ -462,7 +468,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="train a grid of tasks x PEs x seeds, resumably")
     p.add_argument("--tasks", nargs="+", required=True, help="task specs, e.g. copy:variant=rsc")
     p.add_argument(
-        "--pes", nargs="+", required=True, help="nope t5 alibi rotary ape sinusoidal ..."
+        "--pes",
+        nargs="+",
+        required=True,
+        type=_args.pe_name,
+        help="nope t5 alibi rotary ape sinusoidal ...",
     )
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--out", required=True, help="directory: one folder per run")

@@ -217,6 +217,9 @@ def test_bad_paths_and_files_are_refused_before_the_heavy_imports(ckpts):
         ("torch,transformer_lens", ["probe-position", str(ckpts["copy-nope"]), "--text", "no.txt"]),
         ("torch,transformer_lens", ["eval", str(ckpts["copy-nope"]), "--rope-scaling", "ntk:2"]),
         ("torch,transformer_lens", ["eval", str(ckpts["copy-nope"]), "--lengths", "1-100000"]),
+        ("torch,transformer_lens", ["train", "--task", "copy", "--pe", "bogus", "--out", "m.pt"]),
+        ("torch,transformer_lens", ["sweep", "--tasks", "copy", "--pes", "bogus", "--out", "g"]),
+        ("transformer_lens", ["train", "--task", "bogus", "--pe", "nope", "--out", "m.pt"]),
         ("transformer_lens", ["info", str(d / "trunc.pt")]),
         ("transformer_lens", ["info", str(d / "config.pt")]),
     ]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nopeinterp.errors import NopeinterpError
+from nopeinterp.options import PE_TYPES
 
 VAL_SETS = ("sampled", "eval_set")
 
@@ -25,6 +26,12 @@ def flag(default, help: str = "", *, nested=None, grid: bool = True, **more):
     if callable(default):
         return field(default_factory=default, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def check_pe(pe: str) -> None:
+    """Raise NopeinterpError unless `pe` is a positional encoding a model can be trained with."""
+    if pe not in PE_TYPES:
+        raise NopeinterpError(f"unknown pe {pe!r}; choose one of {', '.join(PE_TYPES)}")
 
 
 @dataclass
@@ -102,7 +109,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise NopeinterpError naming the first bad value; nothing has run yet."""
-        from nopeinterp.models import ARCH_TYPES, PE_TYPES
+        from nopeinterp.models import ARCH_TYPES
         from nopeinterp.tasks import LM_TASK, TRAIN_TASKS
         from nopeinterp.training.runtime import DEVICES, PRECISIONS
 
@@ -110,8 +117,7 @@ class TrainConfig:
             raise NopeinterpError(
                 f"unknown task {self.task!r}; choose one of {', '.join(TRAIN_TASKS)}"
             )
-        if self.pe not in PE_TYPES:
-            raise NopeinterpError(f"unknown pe {self.pe!r}; choose one of {', '.join(PE_TYPES)}")
+        check_pe(self.pe)
         for name in ("steps", "batch_size", "n_layers", "n_heads", "d_model", "eval_every"):
             _at_least(self, name, 1)
         for name in ("eval_n", "checkpoint_every", "grad_accum", "length_groups", "stop_evals"):

@@ -95,11 +95,10 @@ def run_name(spec: RunSpec) -> str:
 
 def grid(tasks, pes, seeds) -> list[RunSpec]:
     """Every (task spec, PE, seed), in that nesting order; `tasks` are spec strings."""
-    from nopeinterp.models import PE_TYPES
+    from nopeinterp.training.config import check_pe
 
     for pe in pes:
-        if pe not in PE_TYPES:
-            raise NopeinterpError(f"unknown pe {pe!r}; choose one of {', '.join(PE_TYPES)}")
+        check_pe(pe)
     runs = []
     for text in tasks:
         name, options = parse_task_spec(text)
