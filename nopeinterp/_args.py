@@ -37,7 +37,6 @@ def lengths(text: str) -> list[int]:
     """'2-40' -> [2..40]; '5,10,20' -> [5, 10, 20]; '8' -> [8]. Each task checks its own range."""
     out: list[int] = []
     limit = MAX_TASK_LENGTH  # each task checks its own, narrower range
-
     try:
         for part in text.split(","):
             lo, _, hi = part.partition("-")
