@@ -504,12 +504,17 @@ def report() -> list[Path]:
     paths += [p for p in fig_paths if p.suffix == ".png"]  # the HTML is not committed
     by_layer = load_regions()
     region_table = regions_summary(by_layer) if len(by_layer) else None
-    region_runs = by_layer["model"].nunique() if len(by_layer) else 0
+    # formats without the queried component (ivr: no output words) have no rows to show
+    shown = by_layer[by_layer["query_region"] == REGION_QUERY] if len(by_layer) else by_layer
+    region_runs = shown["model"].nunique() if len(shown) else 0
+    unshown = (
+        sorted(set(by_layer["scratchpad"]) - set(shown["scratchpad"])) if len(by_layer) else []
+    )
     if region_table is not None:
         paths += write_table(region_table, OUT, "regions_last_layer")
         fig_paths = write_figure(regions_figure(by_layer), OUT, "regions_output")
         paths += [p for p in fig_paths if p.suffix == ".png"]
-    text = section(runs, summary, comparison, lego, region_table, region_runs)
+    text = section(runs, summary, comparison, lego, region_table, region_runs, unshown)
     REPORT.write_text(_with_section(REPORT.read_text(), text))
     return [*paths, REPORT]
 
@@ -519,7 +524,7 @@ def _empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
 
 
-def section(runs, summary, comparison, lego, region_table=None, region_runs=0) -> str:
+def section(runs, summary, comparison, lego, region_table=None, region_runs=0, unshown=()) -> str:
     total = len(grid())
     done = len(runs)
     lines = [
@@ -579,15 +584,15 @@ def section(runs, summary, comparison, lego, region_table=None, region_runs=0) -
         "Interactive figure: `analyses/results/scratchpad/ood_by_format.html` (not committed; "
         "written by the same command).",
         "",
-        *regions_lines(region_table, region_runs),
+        *regions_lines(region_table, region_runs, unshown),
         END,
     ]
     return "\n".join(lines) + "\n"
 
 
-def regions_lines(region_table, runs: int) -> list[str]:
+def regions_lines(region_table, runs: int, unshown=()) -> list[str]:
     """The section's lines on the regions view (a descriptive view: no verdict) of `runs`
-    runs."""
+    runs; `unshown`: the formats analysed that have no rows of the queried component."""
     head = ["## Where the models look while writing a scratchpad", ""]
     if region_table is None:
         return [
@@ -607,6 +612,17 @@ def regions_lines(region_table, runs: int) -> list[str]:
         "`analyses/results/scratchpad/regions/`):",
         "",
         to_markdown(region_table),
+        *(
+            [
+                "",
+                f"Formats without the {REGION_QUERY} component ("
+                + ", ".join(f"`{f}`" for f in unshown)
+                + ") have no such rows and are not in this table; their files under "
+                "`analyses/results/scratchpad/regions/` hold every other region.",
+            ]
+            if unshown
+            else []
+        ),
         "",
         *(
             ["![Attention by region](results/scratchpad/regions_output.png)", ""]

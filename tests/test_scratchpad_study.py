@@ -101,3 +101,10 @@ def test_the_regions_view_reads_each_finished_checkpoint_once(study, capsys):
     text = s.REPORT.read_text()
     assert "## Where the models look while writing a scratchpad" in text
     assert "of 1 finished runs" in text and text.count(s.BEGIN) == 1
+
+
+def test_formats_without_the_queried_component_are_named_not_dropped_silently(study):
+    table = pd.DataFrame({"pe": ["nope"], "computation": [0.5]})
+    text = "\n".join(study.regions_lines(table, 2, ["ivr"]))
+    assert "of 2 finished runs" in text and "Formats without the output component (`ivr`)" in text
+    assert "Formats without" not in "\n".join(study.regions_lines(table, 2))
