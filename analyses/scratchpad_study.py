@@ -252,14 +252,19 @@ def load_regions() -> pd.DataFrame:
     return pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
 
 
-def regions_summary(by_layer: pd.DataFrame) -> pd.DataFrame:
-    """In the rows that predict each step's output words (REGION_QUERY), the attention mass on
-    each key region at the last layer, per (task, format, PE, split), mean over seeds (4
-    decimals: a presentation table; the files keep every digit)."""
+def query_rows(by_layer: pd.DataFrame) -> pd.DataFrame:
+    """The regions rows that predict each step's output words (REGION_QUERY): what the summary
+    and the figure show. Formats without that component (ivr) have none."""
+    return by_layer[by_layer["query_region"] == REGION_QUERY] if len(by_layer) else by_layer
+
+
+def regions_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Of `rows` (`query_rows`), the attention mass on each key region at the last layer, per
+    (task, format, PE, split), mean over seeds (4 decimals: a presentation table; the files
+    keep every digit)."""
     from nopeinterp.tasks.scratchpad import REGIONS
 
-    t = by_layer[by_layer["query_region"] == REGION_QUERY]
-    t = t[t["layer"] == t["layer"].max()]
+    t = rows[rows["layer"] == rows["layer"].max()]
     out = t.pivot_table(
         index=["task", "scratchpad", "pe", "split"], columns="key_region", values="mass",
         aggfunc="mean", sort=False,
@@ -272,17 +277,16 @@ def regions_summary(by_layer: pd.DataFrame) -> pd.DataFrame:
     return out.round(4)
 
 
-def regions_figure(by_layer: pd.DataFrame):
+def regions_figure(rows: pd.DataFrame):
     """One panel per (task, format) and PE: per layer and split, a bar of the attention mass
-    on each key region (stacked) in the rows that predict each step's output words."""
+    on each key region (stacked) in `rows` (`query_rows`)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     from nopeinterp.tasks.scratchpad import REGIONS
     from nopeinterp.viz.legend import Legend
 
-    t = by_layer[by_layer["query_region"] == REGION_QUERY]
-    t = t.groupby(["task", "scratchpad", "pe", "split", "layer", "key_region"], sort=False)
+    t = rows.groupby(["task", "scratchpad", "pe", "split", "layer", "key_region"], sort=False)
     t = t["mass"].mean().reset_index()  # over seeds
     specs = list(dict.fromkeys(zip(t["task"], t["scratchpad"], strict=True)))
     pes = [p for p in PES if p in set(t["pe"])]
@@ -503,16 +507,14 @@ def report() -> list[Path]:
     fig_paths = write_figure(figure(runs if len(runs) else _empty()), OUT, "ood_by_format")
     paths += [p for p in fig_paths if p.suffix == ".png"]  # the HTML is not committed
     by_layer = load_regions()
-    region_table = regions_summary(by_layer) if len(by_layer) else None
-    # formats without the queried component (ivr: no output words) have no rows to show
-    shown = by_layer[by_layer["query_region"] == REGION_QUERY] if len(by_layer) else by_layer
-    region_runs = shown["model"].nunique() if len(shown) else 0
-    unshown = (
-        sorted(set(by_layer["scratchpad"]) - set(shown["scratchpad"])) if len(by_layer) else []
-    )
-    if region_table is not None:
+    shown = query_rows(by_layer)
+    region_table, region_runs, unshown = None, 0, []
+    if len(shown):
+        region_table = regions_summary(shown)
+        region_runs = shown["model"].nunique()
+        unshown = sorted(set(by_layer["scratchpad"]) - set(shown["scratchpad"]))
         paths += write_table(region_table, OUT, "regions_last_layer")
-        fig_paths = write_figure(regions_figure(by_layer), OUT, "regions_output")
+        fig_paths = write_figure(regions_figure(shown), OUT, "regions_output")
         paths += [p for p in fig_paths if p.suffix == ".png"]
     text = section(runs, summary, comparison, lego, region_table, region_runs, unshown)
     REPORT.write_text(_with_section(REPORT.read_text(), text))

@@ -153,14 +153,14 @@ def test_cli_hf_flags(tmp_path, cli):
     (tmp_path / "docs.txt").write_text("\n".join(texts(30)) + "\n")
     lens = ["--id-lengths", "4-10", "--ood-lengths", "14-20"]
     r = cli("probe-position", "--hf", str(tmp_path / "a"), "--n-train", "30", "--n-eval",
-                "10", *lens, "--device", "cpu", "--out", str(tmp_path / "pp"))  # fmt: skip
+            "10", *lens, "--device", "cpu", "--out", str(tmp_path / "pp"))  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "OOD" in r.stdout and (tmp_path / "pp").is_dir()
     r = cli("probe-distance", "--hf", str(tmp_path / "a"), "--text",
-                str(tmp_path / "docs.txt"), "--n-eval", "4", *lens)  # fmt: skip
+            str(tmp_path / "docs.txt"), "--n-eval", "4", *lens)  # fmt: skip
     assert r.returncode == 0, r.stderr
     r = cli("compare-attention", "--nope-hf", str(tmp_path / "a"), "--ref-hf",
-                str(tmp_path / "b"), "--n", "1", "--text", str(tmp_path / "docs.txt"))  # fmt: skip
+            str(tmp_path / "b"), "--n", "1", "--text", str(tmp_path / "docs.txt"))  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "b" in r.stdout
     r = cli("probe-distance", "--hf", str(tmp_path / "missing"))

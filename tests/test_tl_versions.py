@@ -67,7 +67,7 @@ def test_analyses_run_with_their_defaults_on_an_imported_gpt2():
 def test_cli_probe_position_on_an_imported_directory(tmp_path, cli):
     tiny("llama").save_pretrained(tmp_path / "llama")
     r = cli("probe-position", "--hf", str(tmp_path / "llama"), "--n-train", "24",
-                "--n-eval", "8", "--id-lengths", "4-10", "--ood-lengths", "14-20")  # fmt: skip
+            "--n-eval", "8", "--id-lengths", "4-10", "--ood-lengths", "14-20")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "random_init" in r.stdout and "OOD" in r.stdout
 
