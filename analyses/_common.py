@@ -99,6 +99,31 @@ def batches_sentence(length_groups, changes: str) -> str:
     return f"Batches: {', '.join(parts)}{why}."
 
 
+def write_section(
+    path: Path, text: str, begin: str, end: str, *, before: str | None = None
+) -> Path:
+    """Write `text` (a section that starts with the marker `begin` and ends with `end`) into
+    the Markdown file `path`, in place of the part between those markers. Where `path` has no
+    such part yet, the section goes before the first occurrence of `before` (if given and
+    found), else at the end. Written atomically: a failed write leaves the file as it was."""
+    from nopeinterp._io import atomic_write_text
+
+    if not (text.lstrip().startswith(begin) and text.rstrip().endswith(end)):
+        raise ValueError(f"a section starts with {begin!r} and ends with {end!r}")
+    section = text.strip("\n")
+    body = path.read_text()
+    if begin in body and end in body:
+        head, rest = body.split(begin, 1)
+        body = head + section + rest.split(end, 1)[1]
+    elif before is not None and before in body:
+        head, sep, tail = body.partition(before)
+        body = head + section + "\n\n" + sep + tail
+    else:
+        body = body.rstrip("\n") + "\n\n" + section
+    atomic_write_text(path, body if body.endswith("\n") else body + "\n")
+    return path
+
+
 def write_table(df: pd.DataFrame, out_dir, name: str, *, title=None, notes=None) -> list[Path]:
     """`<name>.csv` (the full frame) and `<name>.md` (title, notes, the markdown table)."""
     from nopeinterp.viz.html import atomic_write_text

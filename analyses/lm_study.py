@@ -30,7 +30,16 @@ from pathlib import Path
 from nopeinterp.errors import NopeinterpError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, ROOT, mean_span, run_script, to_markdown, write_figure, write_table  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    mean_span,
+    run_script,
+    to_markdown,
+    write_figure,
+    write_section,
+    write_table,
+)
 
 # --- the protocol (analyses/PROTOCOL.md, "Protocol of the language-model study") ---------
 PES = ("nope", "t5", "alibi", "rotary", "sinusoidal", "fire")
@@ -308,7 +317,7 @@ def report() -> None:
     ]  # fmt: skip
     if not records:
         lines += ["No run has finished yet; nothing below is a result.", END]
-        _write_section("\n".join(lines) + "\n")
+        write_section(REPORT, "\n".join(lines), BEGIN, END)
         return
     ppl = pd.DataFrame([{"run": r["run"], "pe": r["pe"], "seed": r["seed"], **p} for r in records for p in r["perplexity"]])  # fmt: skip
     runs = pd.DataFrame(
@@ -402,7 +411,7 @@ def report() -> None:
         "analyses/results/lm/passkey.html (not committed; written by the same command).",
         END,
     ]
-    _write_section("\n".join(lines) + "\n")
+    write_section(REPORT, "\n".join(lines), BEGIN, END)
     paths.append(REPORT)
     for p in paths:
         print(p)
@@ -491,19 +500,6 @@ def _summary(per_seed):
             }
         )
     return pd.DataFrame(rows)
-
-
-def _write_section(text: str) -> None:
-    from nopeinterp._io import atomic_write_text
-
-    body = REPORT.read_text()
-    if BEGIN in body and END in body:
-        head, rest = body.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
-        body = head + text.rstrip("\n") + tail
-    else:
-        body = body.rstrip("\n") + "\n\n" + text
-    atomic_write_text(REPORT, body)
 
 
 def main(argv=None) -> int:

@@ -564,9 +564,7 @@ BEGIN, END = "<!-- reproduction-v3:begin -->", "<!-- reproduction-v3:end -->"
 
 def report(root: Path | None = None, path: Path = REPORT) -> Path:
     """Rewrite REPORT.md's section on this grid (between BEGIN and END) from the records."""
-    from _common import batches_sentence, to_markdown
-
-    from nopeinterp._io import atomic_write_text
+    from _common import batches_sentence, to_markdown, write_section
 
     r = results(root)
     lines = [
@@ -646,16 +644,8 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
             ]
         lines += ["", *mechanisms_lines(mechanisms())]
         lines.append(END)
-    text = "\n".join(lines)
-    body = path.read_text()
-    if BEGIN in body and END in body:
-        head, rest = body.split(BEGIN, 1)
-        body = head + text + rest.split(END, 1)[1]
-    else:  # first time: before Part 2, at the end of the reproduction's part
-        marker = "# Part 2:"
-        head, sep, tail = body.partition(marker)
-        body = head + text + "\n\n" + sep + tail if sep else body.rstrip("\n") + "\n\n" + text
-    atomic_write_text(path, body if body.endswith("\n") else body + "\n")
+    # first time: before Part 2, at the end of the reproduction's part
+    write_section(path, "\n".join(lines), BEGIN, END, before="# Part 2:")
     return path
 
 

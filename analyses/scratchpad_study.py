@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from _common import (
     run_script,
     to_markdown,
     write_figure,
+    write_section,
     write_table,
 )  # noqa: E402
 
@@ -517,7 +517,7 @@ def report() -> list[Path]:
         fig_paths = write_figure(regions_figure(shown), OUT, "regions_output")
         paths += [p for p in fig_paths if p.suffix == ".png"]
     text = section(runs, summary, comparison, lego, region_table, region_runs, unshown)
-    REPORT.write_text(_with_section(REPORT.read_text(), text))
+    write_section(REPORT, text, BEGIN, END)
     return [*paths, REPORT]
 
 
@@ -632,13 +632,6 @@ def regions_lines(region_table, runs: int, unshown=()) -> list[str]:
             else []
         ),
     ]
-
-
-def _with_section(text: str, new: str) -> str:
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
-    if pattern.search(text):
-        return pattern.sub(lambda _: new, text)
-    return text.rstrip("\n") + "\n\n" + new
 
 
 def main() -> None:

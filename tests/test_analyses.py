@@ -118,6 +118,26 @@ def test_markdown_formatter():
     assert text.splitlines() == ["| a | b |", "|---|---:|", "| x\\|y | 0.1235 |", "| z |  |"]
 
 
+def test_write_section_replaces_inserts_or_appends_one_marked_section(tmp_path):
+    common = load_script("_common")
+    begin, end = "<!-- s:begin -->", "<!-- s:end -->"
+    doc = tmp_path / "REPORT.md"
+    doc.write_text("# Part 1\n\ntext\n\n# Part 2\n\nmore\n")
+    common.write_section(doc, f"{begin}\nfirst\n{end}\n", begin, end, before="# Part 2")
+    assert doc.read_text() == f"# Part 1\n\ntext\n\n{begin}\nfirst\n{end}\n\n# Part 2\n\nmore\n"
+    common.write_section(doc, f"{begin}\nsecond\nlines\n{end}", begin, end, before="# Part 2")
+    assert doc.read_text() == (
+        f"# Part 1\n\ntext\n\n{begin}\nsecond\nlines\n{end}\n\n# Part 2\n\nmore\n"
+    )  # replaced in place, once, the rest unchanged
+    other = ("<!-- o:begin -->", "<!-- o:end -->")
+    common.write_section(doc, f"{other[0]}\nx\n{other[1]}", *other, before="# Part 9")
+    assert doc.read_text().endswith(f"more\n\n{other[0]}\nx\n{other[1]}\n")  # no anchor: at the end
+    before = doc.read_text()
+    with pytest.raises(ValueError, match="starts with"):
+        common.write_section(doc, "no markers", begin, end)
+    assert doc.read_text() == before
+
+
 def test_mrr_ranks_ties_and_incomplete_splits():
     mod = load_script("length_generalization")
     rows = [  # per-length rows; copy seed 1 has only NoPE and must not count
