@@ -332,21 +332,29 @@ def size_comparison(runs: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     return repro.in_paper_order(out.reset_index()[["split", "pe", *cols]], "split")
 
 
-# the analyses' summary files over seeds (written by `analyse`), per analysed split
+# the analyses' files (written by `analyse`), per analysed split: summaries over seeds for the
+# report's tables, per-seed files for the decision rules of claims 2-4
 MECHANISM_FILES = {
     "probes": "position_probes_seeds.csv",
     "distance": "distance_dependence_seeds.csv",
     "similarity": "attention_similarity_seed_summary.csv",
+    "similarity_cross_seeds": "attention_similarity_cross_seed_summary.csv",
+    "probes_per_seed": "position_probes.csv",
+    "distance_per_seed": "distance_dependence.csv",
+    "rankings_cross_seeds": "attention_similarity_cross_seeds.csv",
 }
 
 
 def mechanisms() -> dict:
-    """Claims 2-4 on this grid's checkpoints, per analysed split that `analyse` has written:
-    `probes` (Theorem 1: the probe of absolute position after the first block, trained model
-    and random init, over seeds), `distance` (Theorem 2: the distance-dependence score of the
-    later layers, mean over them of the heads' mean, max over them of the heads' max),
-    `similarity` (NoPE's attention against each PE's and NoPE-prime's, JSD over seeds), and
-    `rebuilt` (the analysed runs trained again on this machine, against their records)."""
+    """Claims 2-4 on this grid's checkpoints, per analysed split that `analyse` has written
+    (with two seeds or more, as the cross-seed rankings need): `probes` (Theorem 1: the probe of
+    absolute position after the first block, trained model and random init, over seeds),
+    `distance` (Theorem 2: the distance-dependence score of the later layers, mean over them of
+    the heads' mean, max over them of the heads' max), `similarity` and
+    `similarity_cross_seeds` (NoPE's attention against each PE's and NoPE-prime's, JSD over
+    seeds, with each PE of NoPE's seed and of the next seed), the per-seed files the decision
+    rules read (`probes_per_seed`, `distance_per_seed`, `rankings_cross_seeds`), and `rebuilt`
+    (the analysed runs trained again on this machine, against their records)."""
     base = repro.RECORDS / V3 / repro.lr_folder(V3_LR) / "analyses"
     rebuilt_path = base / "rebuilt_runs.csv"
     rebuilt = pd.read_csv(rebuilt_path) if rebuilt_path.exists() else pd.DataFrame()
@@ -355,13 +363,14 @@ def mechanisms() -> dict:
         paths = {k: base / split / name for k, name in MECHANISM_FILES.items()}
         if not all(path.exists() for path in paths.values()):
             continue
-        probes = pd.read_csv(paths["probes"])
-        probes = probes.loc[probes["layer"] == 1, [
+        tables = {k: pd.read_csv(path) for k, path in paths.items()}
+        probes = tables["probes"]
+        tables["probes"] = probes.loc[probes["layer"] == 1, [
             "pe", "n_seeds", "ID r2_mean", "ID r2_min", "ID r2_max", "ID r2 [random_init]_mean",
             "OOD r2_mean", "OOD r2 [random_init]_mean",
-        ]]  # fmt: skip
-        distance = pd.read_csv(paths["distance"])
-        distance = (
+        ]].reset_index(drop=True)  # fmt: skip
+        distance = tables["distance"]
+        tables["distance"] = (
             distance[distance["layer"] >= 1]
             .groupby(["pe", "split"], sort=False)
             .agg(
@@ -371,14 +380,171 @@ def mechanisms() -> dict:
             )
             .reset_index()
         )
-        mine = rebuilt[rebuilt["split"] == split] if len(rebuilt) else rebuilt
-        out[split] = {
-            "probes": probes.reset_index(drop=True),
-            "distance": distance,
-            "similarity": pd.read_csv(paths["similarity"]),
-            "rebuilt": mine,
-        }
+        tables["rebuilt"] = rebuilt[rebuilt["split"] == split] if len(rebuilt) else rebuilt
+        out[split] = tables
     return out
+
+
+# --- claims 2-4 by the decision rules of PROTOCOL v3 ("Changes after the runs started") -----
+TESTS = ("ID", "OOD")
+NOT_EVALUATED = "not evaluated"  # a rule whose inputs lack a PE it compares
+EXPLICIT_PES = tuple(p for p in FIVE_PES if p != "nope")
+
+
+def _above(a: pd.Series, b: pd.Series) -> bool:
+    """The protocol's seed-range rule: A is above B if A's lowest seed is above B's highest."""
+    return bool(a.min() > b.max())
+
+
+def _span(values: pd.Series) -> str:
+    return (
+        f"{values.min():.3f}" if len(set(values)) == 1 else f"{values.min():.3f}-{values.max():.3f}"
+    )
+
+
+def theorem1_verdict(probes: pd.DataFrame) -> tuple[str, str]:
+    """Claim 2 on one split from the per-seed probes (`position_probes.csv`): NoPE's probe of
+    absolute position after the first block (R^2), trained against random init. "supported"
+    if every trained seed is above every random-init seed on ID and on OOD, "supported in
+    distribution only" if on ID only, else "not supported". Returns (verdict, evidence)."""
+    rows = probes[(probes["pe"] == "nope") & (probes["layer"] == 1) & (probes["metric"] == "r2")]
+    above, evidence = {}, []
+    for test in TESTS:
+        t = rows[rows["split"] == test]
+        trained = t.loc[t["model"] == "trained", "value"]
+        init = t.loc[t["model"] == "random_init", "value"]
+        if trained.empty or init.empty:
+            return (
+                NOT_EVALUATED,
+                f"no NoPE {test} probe after the first block, trained and at random init",
+            )
+        above[test] = _above(trained, init)
+        evidence.append(f"{test} R² {_span(trained)} (random init {_span(init)})")
+    verdict = (
+        "supported"
+        if all(above.values())
+        else "supported in distribution only"
+        if above["ID"]
+        else "not supported"
+    )
+    return verdict, "; ".join(evidence)
+
+
+def later_layer_scores(distance: pd.DataFrame) -> pd.Series:
+    """Per (pe, split, seed): the distance-dependence score of blocks 2 on (layers >= 1), the
+    mean over those blocks of the mean over heads (from `distance_dependence.csv`)."""
+    later = distance[distance["layer"] >= 1]
+    return later.groupby(["pe", "split", "seed"], sort=False)["mean"].mean()
+
+
+def theorem2_verdict(distance: pd.DataFrame) -> tuple[str, str]:
+    """Claim 3 on one split from the per-seed distance dependence: "shown" if on ID and on OOD
+    NoPE is above the sinusoidal APE (the absolute PE, the control) and T5 is not above NoPE;
+    "not shown" if NoPE is above the sinusoidal APE on neither; else "partly". Each test's
+    evidence names the PEs NoPE is above, below and not separated from."""
+    scores = later_layer_scores(distance)
+    pes = set(scores.index.get_level_values("pe"))
+    if not {"nope", "t5", "sinusoidal"} <= pes:
+        return NOT_EVALUATED, "the rule needs NoPE, T5 and sinusoidal APE runs"
+    held, over_control, evidence = {}, {}, []
+    for test in TESTS:
+        nope = scores.loc[("nope", test)]
+        others = [p for p in EXPLICIT_PES if p in pes]
+        above = [p for p in others if _above(nope, scores.loc[(p, test)])]
+        below = [p for p in others if _above(scores.loc[(p, test)], nope)]
+        level = [p for p in others if p not in above and p not in below]
+        over_control[test] = "sinusoidal" in above
+        held[test] = over_control[test] and "t5" not in below
+        parts = [f"above {', '.join(above)}" if above else "", f"below {', '.join(below)}" if below else "",
+                 f"not separated from {', '.join(level)}" if level else ""]  # fmt: skip
+        evidence.append(f"{test} NoPE {_span(nope)}: " + "; ".join(p for p in parts if p))
+    if all(held.values()):
+        verdict = "shown"
+    elif not any(over_control.values()):
+        verdict = "not shown"
+    else:
+        verdict = "partly"
+    return verdict, " | ".join(evidence)
+
+
+def claim4_verdict(rankings: pd.DataFrame) -> tuple[str, str]:
+    """Claim 4 on one split from the cross-seed rankings (`attention_similarity_cross_seeds.csv`:
+    NoPE seed s against each PE's seed s+1): "supported" if T5 has the lowest JSD of the
+    explicit PEs in every (test, seed) ranking, "partly" if in at least half, else "not
+    supported". Beside it: T5 against NoPE-prime by the seed-range rule."""
+    explicit = rankings[rankings["ref"].isin(EXPLICIT_PES)]
+    if "t5" not in set(explicit["ref"]):
+        return NOT_EVALUATED, "the rule needs T5 in the cross-seed rankings"
+    firsts = explicit.loc[explicit.groupby(["split", "seed"], sort=False)["mean"].idxmin(), "ref"]
+    n, k = len(firsts), int((firsts == "t5").sum())
+    verdict = "supported" if k == n else "partly" if 2 * k >= n else "not supported"
+    evidence = [f"T5 the closest explicit PE in {k} of {n} cross-seed rankings"]
+    for test in TESTS:
+        t = rankings[rankings["split"] == test]
+        t5 = t.loc[t["ref"] == "t5", "mean"]
+        prime = t.loc[t["ref"] == "nope_prime", "mean"]
+        if t5.empty or prime.empty:
+            continue
+        relation = (
+            "closer than NoPE-prime"
+            if _above(-t5, -prime)
+            else "further than NoPE-prime"
+            if _above(t5, prime)
+            else "not separated from NoPE-prime"
+        )
+        evidence.append(f"{test}: T5 {_span(t5)}, {relation} ({_span(prime)})")
+    return verdict, "; ".join(evidence)
+
+
+CLAIMS = {
+    1: "1. NoPE length-generalizes better than the explicit PEs",
+    2: "2. Theorem 1: NoPE's first layer recovers absolute position",
+    3: "3. Theorem 2: later layers attend by relative distance",
+    4: "4. NoPE's attention is most like T5's",
+}
+# (claim, its rule, the per-seed file the rule reads)
+MECHANISM_RULES = (
+    (2, theorem1_verdict, "probes_per_seed"),
+    (3, theorem2_verdict, "distance_per_seed"),
+    (4, claim4_verdict, "rankings_cross_seeds"),
+)
+
+
+def verdicts(r: dict, found: dict) -> pd.DataFrame:
+    """One row per claim (claim, verdict, evidence) by the protocol's rules: claim 1 from the
+    results (`results()`), claims 2-4 per analysed split from `mechanisms()`; a claim without
+    its inputs yet says so."""
+    rows = []
+    done = r["runs"][r["runs"]["status"] == "done"]
+    if r["verdict"] is None:
+        rows.append((CLAIMS[1], "no verdict yet", "no (split, seed) cell has all five PEs"))
+    else:
+        taus = ", ".join(
+            f"{row.split} {row.kendall_tau:.2f}" for row in r["comparison"].agreement.itertuples()
+        )
+        rows.append((
+            CLAIMS[1], r["verdict"],
+            f"MRR on {sum(r['cells'].values())} complete (split, seed) cells; "
+            f"{int(done['reached_target'].sum())} of {len(done)} runs reached {V3_TARGET} ID "
+            f"validation, {int(done['capped'].sum())} capped below it; Kendall tau against the "
+            f"paper's order: {taus}",
+        ))  # fmt: skip
+    for claim, rule, key in MECHANISM_RULES:
+        if not found:
+            rows.append(
+                (CLAIMS[claim], "not analysed yet", f"`analyse` on {' and '.join(ANALYSED)}")
+            )
+            continue
+        per_split = [
+            (f"{split} ({int(tables['probes']['n_seeds'].min())} seeds)", *rule(tables[key]))
+            for split, tables in found.items()
+        ]
+        rows.append((
+            CLAIMS[claim],
+            "; ".join(f"{split}: {verdict}" for split, verdict, _ in per_split),
+            " / ".join(f"{split}: {evidence}" for split, _, evidence in per_split),
+        ))  # fmt: skip
+    return pd.DataFrame(rows, columns=["claim", "verdict", "evidence"])
 
 
 def results(root: Path | None = None) -> dict:
@@ -484,6 +650,9 @@ def table(out: Path | None = None, root: Path | None = None) -> list[Path]:
     print("\n" + r["size"].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     paths += write_table(r["size"], out, "size", title="Model size", notes=SIZE_NOTE)
     paths += write_table(shapes(), out, "shapes", title="Model shapes", notes=SHAPES_NOTE)
+    rows = verdicts(r, mechanisms())
+    print("\n" + rows.to_string(index=False))
+    paths += write_table(rows, out, "verdicts", title=VERDICTS_TITLE, notes=verdicts_note(r))
     if r["comparison"] is None:
         print("\nno complete (split, seed) cell yet: no comparison with the paper")
         print_written(paths)
@@ -554,6 +723,13 @@ def mechanisms_lines(found: dict) -> list[str]:
             "",
             to_markdown(tables["similarity"]),
             "",
+            "The same with every reference from another seed than NoPE's (NoPE seed s against "
+            "each PE's seed s+1; NoPE-prime is NoPE seed s+1): nothing compared shares NoPE's "
+            "initial weights or batches, so NoPE-prime is a fair floor here, and claim 4's rule "
+            "reads these rankings:",
+            "",
+            to_markdown(tables["similarity_cross_seeds"]),
+            "",
         ]
     return lines
 
@@ -562,8 +738,30 @@ REPORT = Path(__file__).resolve().parent / "REPORT.md"
 BEGIN, END = "<!-- reproduction-v3:begin -->", "<!-- reproduction-v3:end -->"
 
 
+VERDICTS_BEGIN = "<!-- reproduction-v3-verdicts:begin -->"
+VERDICTS_END = "<!-- reproduction-v3-verdicts:end -->"
+VERDICTS_TITLE = "The claims by this grid's decision rules"
+FIRST_GRID_VERDICTS = "**The first grid's verdicts**"  # Part 1's hand-written table after ours
+
+
+def verdicts_note(r: dict) -> str:
+    """Where the verdict rows come from, and whether they are interim."""
+    done = int((r["runs"]["status"] == "done").sum())
+    note = (
+        "Claim 1 from the committed records, claims 2-4 from `analyse`'s files, by the rules "
+        'of PROTOCOL v3 (claims 2-4: its "Changes after the runs started").'
+    )
+    if done < len(r["runs"]):
+        note += (
+            f" Interim: {done} of the grid's {len(r['runs'])} runs are in, so these rows are "
+            "not the grid's verdicts."
+        )
+    return note
+
+
 def report(root: Path | None = None, path: Path = REPORT) -> Path:
-    """Rewrite REPORT.md's section on this grid (between BEGIN and END) from the records."""
+    """Rewrite REPORT.md's section on this grid (between BEGIN and END) and its rows in Part 1's
+    verdict table (between VERDICTS_BEGIN and VERDICTS_END) from the records."""
     from _common import batches_sentence, to_markdown, write_section
 
     r = results(root)
@@ -646,6 +844,16 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
         lines.append(END)
     # first time: before Part 2, at the end of the reproduction's part
     write_section(path, "\n".join(lines), BEGIN, END, before="# Part 2:")
+    block = [
+        VERDICTS_BEGIN,
+        f"**{VERDICTS_TITLE}.** {verdicts_note(r)} Written by `python "
+        "analyses/reproduction_v3.py report` (the same rows: `table`, verdicts.*).",
+        "",
+        to_markdown(verdicts(r, mechanisms())),
+        VERDICTS_END,
+    ]
+    # first time: at the head of Part 1's verdicts, before the first grid's
+    write_section(path, "\n".join(block), VERDICTS_BEGIN, VERDICTS_END, before=FIRST_GRID_VERDICTS)
     return path
 
 

@@ -612,6 +612,15 @@ def test_v3_analyse_runs_claims_2_to_4_on_the_grids_checkpoints(tmp_path, monkey
     lines = "\n".join(v3.mechanisms_lines(found))
     assert "**rsc.**" in lines and "Not analysed yet" not in lines and "trained again" not in lines
     assert "Not analysed yet" in "\n".join(v3.mechanisms_lines({}))
+    assert set(found["rsc"]["similarity_cross_seeds"]["ref"]) == {"t5", "nope_prime"}
+    # the decision rules read the per-seed files `analyse` wrote
+    r = {"runs": v3.grid_runs(), "verdict": None}
+    rows = v3.verdicts(r, found).set_index("claim")["verdict"]
+    probes = found["rsc"]["probes_per_seed"]
+    assert rows[v3.CLAIMS[2]] == "rsc (2 seeds): " + v3.theorem1_verdict(probes)[0]
+    assert v3.theorem1_verdict(probes)[0] != v3.NOT_EVALUATED
+    assert rows[v3.CLAIMS[3]] == f"rsc (2 seeds): {v3.NOT_EVALUATED}"  # no sinusoidal run here
+    assert rows[v3.CLAIMS[4]] == "rsc (2 seeds): supported"  # T5 is the only explicit PE
     with pytest.raises(NopeinterpError, match="not in the protocol: cmc"):
         v3.analyse(["cmc"])
 
@@ -705,7 +714,7 @@ def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
     paths = v3.table(tmp_path / "tables")
     names = {p.name for p in paths}
     assert {"runs.csv", "convergence.csv", "against_v2.csv", "claim1_verdict.csv"} <= names
-    assert {"converging_changed.csv", "size.csv", "shapes.csv"} <= names
+    assert {"converging_changed.csv", "size.csv", "shapes.csv", "verdicts.csv"} <= names
     # Kendall's tau per split against the paper's order, computed here by scipy
     from scipy.stats import kendalltau
 
@@ -751,12 +760,23 @@ def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
     assert conv.set_index("pe").loc["t5", "share_reached"].tolist() == [0.0] * 4
     got = pd.read_csv(tmp_path / "tables" / "claim1_verdict.csv")["verdict"].item()
     assert got.startswith(verdict)
+    rows = pd.read_csv(tmp_path / "tables" / "verdicts.csv")
+    assert rows["claim"].tolist() == list(v3.CLAIMS.values())
+    assert rows["verdict"].tolist() == [got] + ["not analysed yet"] * 3
+    assert (
+        "MRR on 12 complete (split, seed) cells; 48 of 60 runs reached 0.95" in rows["evidence"][0]
+    )
     report = tmp_path / "REPORT.md"
-    report.write_text("# Part 1\n\ntext\n\n# Part 2: later\n")
-    for _ in range(2):  # the section goes before Part 2, then is replaced in place
+    first_grid = "**The first grid's verdicts** (by hand)\n\n| claim | verdict |\n"
+    report.write_text(f"# Part 1\n\n## Verdicts\n\n{first_grid}\ntext\n\n# Part 2: later\n")
+    for _ in range(2):  # each block goes to its place, then is replaced in place
         v3.report(path=report)
     text = report.read_text()
     assert text.count(v3.BEGIN) == 1 and text.index(v3.END) < text.index("# Part 2: later")
+    assert text.count(v3.VERDICTS_BEGIN) == 1 and text.count(first_grid) == 1
+    block = text[text.index(v3.VERDICTS_BEGIN) : text.index(v3.VERDICTS_END)]
+    assert text.index("## Verdicts") < text.index(v3.VERDICTS_END) < text.index(first_grid)
+    assert f"| {v3.CLAIMS[1]} | {got} |" in block and "Interim" not in block
     assert f"Claim 1 by the protocol's decision rule: {got}" in text
     for heading in ("What converging changed", "Size:", "The three shapes", "Kendall's tau-b"):
         assert heading in text
@@ -773,6 +793,114 @@ def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
     assert "45 of 60 runs done" in text
     assert "Batches: 30 runs on the padded batch, 15 runs in 4 length groups (length" in text
     assert "**Interim, on 9 of the grid's 12 (split, seed) cells, not the grid's verdict" in text
+    block = text[text.index(v3.VERDICTS_BEGIN) : text.index(v3.VERDICTS_END)]
+    assert "Interim: 45 of the grid's 60 runs are in" in block
+
+
+def _probe_rows(trained: dict, random_init: dict) -> pd.DataFrame:
+    """position_probes.csv rows: NoPE after the first block, per test a value per seed."""
+    rows = [
+        {"pe": "nope", "layer": 1, "metric": "r2", "split": test, "model": model, "seed": s,
+         "value": v}
+        for model, values in (("trained", trained), ("random_init", random_init))
+        for test, seeds in values.items() for s, v in enumerate(seeds)
+    ]  # fmt: skip
+    noise = {**rows[0], "layer": 2, "value": -1.0}  # another layer: not read
+    return pd.DataFrame([*rows, noise, {**rows[0], "metric": "mae", "value": 99.0}])
+
+
+def test_theorem1_rule_compares_every_trained_seed_with_every_random_init_seed(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "analyses"))
+    import reproduction_v3 as v3
+
+    init = {"ID": [0.90, 0.91, 0.93], "OOD": [0.70, 0.81, 0.75]}
+    both = _probe_rows({"ID": [0.95, 0.96, 0.97], "OOD": [0.82, 0.85, 0.90]}, init)
+    verdict, evidence = v3.theorem1_verdict(both)
+    assert verdict == "supported"
+    assert (
+        evidence
+        == "ID R² 0.950-0.970 (random init 0.900-0.930); OOD R² 0.820-0.900 (random init 0.700-0.810)"
+    )
+    id_only = _probe_rows({"ID": [0.95, 0.96, 0.97], "OOD": [0.80, 0.85, 0.90]}, init)
+    assert v3.theorem1_verdict(id_only)[0] == "supported in distribution only"  # 0.80 < 0.81
+    neither = _probe_rows({"ID": [0.92, 0.96, 0.97], "OOD": [0.82, 0.85, 0.90]}, init)
+    assert v3.theorem1_verdict(neither)[0] == "not supported"  # 0.92 < 0.93
+    no_init = both[both["model"] == "trained"]
+    assert v3.theorem1_verdict(no_init)[0] == v3.NOT_EVALUATED
+
+
+def _distance_rows(scores: dict) -> pd.DataFrame:
+    """distance_dependence.csv rows: per (pe, test) a later-layer score per seed, spread over
+    blocks 2 and 3 (their mean is the score); block 1 far off, to show it is not read."""
+    rows = []
+    for (pe, test), seeds in scores.items():
+        for s, v in enumerate(seeds):
+            for layer, x in ((0, 5.0), (1, v - 0.01), (2, v + 0.01)):
+                rows.append({"pe": pe, "split": test, "seed": s, "layer": layer, "mean": x})
+    return pd.DataFrame(rows)
+
+
+def test_theorem2_rule_needs_nope_above_the_absolute_pe_and_not_below_t5(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "analyses"))
+    import reproduction_v3 as v3
+
+    base = {"t5": [0.10, 0.14, 0.12], "alibi": [0.80, 0.90, 0.85], "rotary": [0.12, 0.13, 0.20],
+            "sinusoidal": [0.02, 0.03, 0.04]}  # fmt: skip
+
+    def rows(nope_id, nope_ood, **ood_override):
+        scores = {(pe, t): v for pe, v in base.items() for t in ("ID", "OOD")}
+        scores.update({("nope", "ID"): nope_id, ("nope", "OOD"): nope_ood})
+        scores.update({(pe, "OOD"): v for pe, v in ood_override.items()})
+        return _distance_rows(scores)
+
+    verdict, evidence = v3.theorem2_verdict(rows([0.11, 0.15, 0.13], [0.11, 0.15, 0.13]))
+    assert verdict == "shown"
+    assert evidence.split(" | ")[0] == (
+        "ID NoPE 0.110-0.150: above sinusoidal; below alibi; not separated from t5, rotary"
+    )
+    # T5 wholly above NoPE on OOD: the absolute PE is beaten, but not the relative bias
+    partly = rows([0.11, 0.15, 0.13], [0.06, 0.08, 0.07], t5=[0.30, 0.31, 0.32])
+    assert v3.theorem2_verdict(partly)[0] == "partly"
+    # NoPE not above the sinusoidal APE on either test (ranges overlap)
+    none = rows([0.03, 0.05, 0.06], [0.01, 0.05, 0.06])
+    assert v3.theorem2_verdict(none)[0] == "not shown"
+    no_control = _distance_rows({("nope", "ID"): [0.1], ("t5", "ID"): [0.1]})
+    assert v3.theorem2_verdict(no_control)[0] == v3.NOT_EVALUATED
+
+
+def _ranking_rows(jsd: dict) -> pd.DataFrame:
+    """attention_similarity_cross_seeds.csv rows: per (test, ref) a JSD per seed."""
+    return pd.DataFrame(
+        [{"split": test, "ref": ref, "seed": s, "mean": v}
+         for (test, ref), seeds in jsd.items() for s, v in enumerate(seeds)]
+    )  # fmt: skip
+
+
+def test_claim4_rule_counts_the_rankings_where_t5_is_the_closest_explicit_pe(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "analyses"))
+    import reproduction_v3 as v3
+
+    def rows(t5_id, t5_ood, prime=(0.140, 0.145)):
+        jsd = {}
+        for test, t5 in (("ID", t5_id), ("OOD", t5_ood)):
+            jsd.update({(test, "t5"): t5, (test, "nope_prime"): list(prime),
+                        (test, "alibi"): [0.150, 0.150], (test, "rotary"): [0.20, 0.21],
+                        (test, "sinusoidal"): [0.25, 0.26]})  # fmt: skip
+        return _ranking_rows(jsd)
+
+    verdict, evidence = v3.claim4_verdict(rows([0.141, 0.146], [0.120, 0.130]))
+    assert verdict == "supported"
+    assert evidence == (
+        "T5 the closest explicit PE in 4 of 4 cross-seed rankings; "
+        "ID: T5 0.141-0.146, not separated from NoPE-prime (0.140-0.145); "
+        "OOD: T5 0.120-0.130, closer than NoPE-prime (0.140-0.145)"
+    )
+    assert v3.claim4_verdict(rows([0.141, 0.146], [0.160, 0.170]))[0] == "partly"  # 2 of 4
+    nope = v3.claim4_verdict(rows([0.141, 0.155], [0.160, 0.170]))
+    assert nope[0] == "not supported" and "in 1 of 4" in nope[1]
+    assert "further than NoPE-prime" in nope[1]
+    no_t5 = _ranking_rows({("ID", "alibi"): [0.1], ("ID", "nope_prime"): [0.1]})
+    assert v3.claim4_verdict(no_t5)[0] == v3.NOT_EVALUATED
 
 
 def test_claim1_verdict_rule():
