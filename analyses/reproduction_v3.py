@@ -738,6 +738,47 @@ REPORT = Path(__file__).resolve().parent / "REPORT.md"
 BEGIN, END = "<!-- reproduction-v3:begin -->", "<!-- reproduction-v3:end -->"
 
 
+FIGURE = "ood_by_split"  # the report's figure, under results/reproduction/v3/
+
+
+def ood_figure(runs: pd.DataFrame, paper: pd.DataFrame):
+    """OOD exact match per PE, one panel per split: each of this grid's runs a point (filled:
+    reached V3_TARGET ID validation; open: capped below it), the paper's runs of the same split
+    beside them as grey diamonds."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    done = runs[runs["status"] == "done"]
+    fig = make_subplots(rows=1, cols=len(V3_SPLITS), subplot_titles=V3_SPLITS, shared_yaxes=True)
+    in_legend = set()  # each entry once, on the first panel where it has points
+    for col, split in enumerate(V3_SPLITS, start=1):
+        ours = done[done["split"] == split]
+        theirs = paper[paper["split"] == split]
+        for name, rows, marker in (
+            (f"ours, reached {V3_TARGET}", ours[ours["reached_target"]], {"symbol": "circle"}),
+            ("ours, capped", ours[~ours["reached_target"]], {"symbol": "circle-open"}),
+            ("paper", theirs, {"symbol": "diamond", "color": "grey"}),
+        ):
+            show = len(rows) > 0 and name not in in_legend
+            in_legend.update([name] if show else [])
+            fig.add_trace(
+                go.Scatter(
+                    x=rows["pe"], y=rows["ood_accuracy"], mode="markers", name=name,
+                    offsetgroup="paper" if name == "paper" else "ours", legendgroup=name,
+                    showlegend=show, marker={"size": 8, "color": "#1f77b4", **marker},
+                    text=[f"seed {s}" for s in rows["seed"]],
+                ),
+                row=1, col=col,
+            )  # fmt: skip
+        fig.update_xaxes(categoryorder="array", categoryarray=list(FIVE_PES), row=1, col=col)
+    fig.update_yaxes(title_text="OOD exact match", range=[-0.03, 1.03], row=1, col=1)
+    fig.update_layout(
+        title="OOD exact match per run: this grid (blue) and the paper's runs (grey)",
+        scattermode="group", template="plotly_white", height=420, width=1100,
+    )  # fmt: skip
+    return fig
+
+
 VERDICTS_BEGIN = "<!-- reproduction-v3-verdicts:begin -->"
 VERDICTS_END = "<!-- reproduction-v3-verdicts:end -->"
 VERDICTS_TITLE = "The claims by this grid's decision rules"
@@ -762,9 +803,15 @@ def verdicts_note(r: dict) -> str:
 def report(root: Path | None = None, path: Path = REPORT) -> Path:
     """Rewrite REPORT.md's section on this grid (between BEGIN and END) and its rows in Part 1's
     verdict table (between VERDICTS_BEGIN and VERDICTS_END) from the records."""
-    from _common import batches_sentence, to_markdown, write_section
+    from _common import batches_sentence, to_markdown, write_figure, write_section
+
+    from nopeinterp.paper import paper_runs
 
     r = results(root)
+    figure_paths = []
+    if (r["runs"]["status"] == "done").any():
+        out = repro.RECORDS / V3
+        figure_paths = write_figure(ood_figure(r["runs"], paper_runs()), out, FIGURE)
     lines = [
         BEGIN,
         "## Reproduction v3: converged models at the paper's head width",
@@ -785,6 +832,12 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
     if (r["runs"]["status"] == "done").sum() == 0:
         lines += ["No run has finished yet; nothing below is a result.", END]
     else:
+        png = repro.RECORDS / V3 / f"{FIGURE}.png"
+        if png in figure_paths:
+            rel = (
+                png.relative_to(path.parent).as_posix() if png.is_relative_to(path.parent) else png
+            )
+            lines += [f"![OOD exact match per run, this grid and the paper's]({rel})", ""]
         lines += [
             f"Runs that reached {V3_TARGET} ID validation, per split and PE:",
             "",

@@ -777,6 +777,15 @@ def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
     block = text[text.index(v3.VERDICTS_BEGIN) : text.index(v3.VERDICTS_END)]
     assert text.index("## Verdicts") < text.index(v3.VERDICTS_END) < text.index(first_grid)
     assert f"| {v3.CLAIMS[1]} | {got} |" in block and "Interim" not in block
+    # the figure: per split, our runs (reached / capped) and the paper's, each legend entry once
+    fig = v3.ood_figure(v3.grid_runs(), paper_runs())
+    assert len(fig.data) == 3 * len(v3.V3_SPLITS)
+    reached, capped, paper = fig.data[:3]  # the first split's panel
+    assert sorted(reached.y) == sorted([ood[p] for p in PAPER_FIVE if p != "t5"] * 3)
+    assert list(capped.x) == ["t5"] * 3 and list(capped.y) == [ood["t5"]] * 3
+    want = paper_runs().query("split == @v3.V3_SPLITS[0]")["ood_accuracy"]
+    assert sorted(paper.y) == sorted(want)
+    assert sorted(t.name for t in fig.data if t.showlegend) == sorted({t.name for t in fig.data})
     assert f"Claim 1 by the protocol's decision rule: {got}" in text
     for heading in ("What converging changed", "Size:", "The three shapes", "Kendall's tau-b"):
         assert heading in text
