@@ -397,9 +397,9 @@ def _above(a: pd.Series, b: pd.Series) -> bool:
 
 
 def _span(values: pd.Series) -> str:
-    return (
-        f"{values.min():.3f}" if len(set(values)) == 1 else f"{values.min():.3f}-{values.max():.3f}"
-    )
+    """One value, or [min, max] over seeds."""
+    lo, hi = values.min(), values.max()
+    return f"{lo:.3f}" if lo == hi else f"[{lo:.3f}, {hi:.3f}]"
 
 
 def theorem1_verdict(probes: pd.DataFrame) -> tuple[str, str]:
@@ -434,7 +434,7 @@ def later_layer_scores(distance: pd.DataFrame) -> pd.Series:
     """Per (pe, split, seed): the distance-dependence score of blocks 2 on (layers >= 1), the
     mean over those blocks of the mean over heads (from `distance_dependence.csv`)."""
     later = distance[distance["layer"] >= 1]
-    return later.groupby(["pe", "split", "seed"], sort=False)["mean"].mean()
+    return later.groupby(["pe", "split", "seed"])["mean"].mean()
 
 
 def theorem2_verdict(distance: pd.DataFrame) -> tuple[str, str]:

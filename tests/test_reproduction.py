@@ -828,7 +828,7 @@ def test_theorem1_rule_compares_every_trained_seed_with_every_random_init_seed(m
     assert verdict == "supported"
     assert (
         evidence
-        == "ID R² 0.950-0.970 (random init 0.900-0.930); OOD R² 0.820-0.900 (random init 0.700-0.810)"
+        == "ID R² [0.950, 0.970] (random init [0.900, 0.930]); OOD R² [0.820, 0.900] (random init [0.700, 0.810])"
     )
     id_only = _probe_rows({"ID": [0.95, 0.96, 0.97], "OOD": [0.80, 0.85, 0.90]}, init)
     assert v3.theorem1_verdict(id_only)[0] == "supported in distribution only"  # 0.80 < 0.81
@@ -865,7 +865,7 @@ def test_theorem2_rule_needs_nope_above_the_absolute_pe_and_not_below_t5(monkeyp
     verdict, evidence = v3.theorem2_verdict(rows([0.11, 0.15, 0.13], [0.11, 0.15, 0.13]))
     assert verdict == "shown"
     assert evidence.split(" | ")[0] == (
-        "ID NoPE 0.110-0.150: above sinusoidal; below alibi; not separated from t5, rotary"
+        "ID NoPE [0.110, 0.150]: above sinusoidal; below alibi; not separated from t5, rotary"
     )
     # T5 wholly above NoPE on OOD: the absolute PE is beaten, but not the relative bias
     partly = rows([0.11, 0.15, 0.13], [0.06, 0.08, 0.07], t5=[0.30, 0.31, 0.32])
@@ -901,8 +901,8 @@ def test_claim4_rule_counts_the_rankings_where_t5_is_the_closest_explicit_pe(mon
     assert verdict == "supported"
     assert evidence == (
         "T5 the closest explicit PE in 4 of 4 cross-seed rankings; "
-        "ID: T5 0.141-0.146, not separated from NoPE-prime (0.140-0.145); "
-        "OOD: T5 0.120-0.130, closer than NoPE-prime (0.140-0.145)"
+        "ID: T5 [0.141, 0.146], not separated from NoPE-prime ([0.140, 0.145]); "
+        "OOD: T5 [0.120, 0.130], closer than NoPE-prime ([0.140, 0.145])"
     )
     assert v3.claim4_verdict(rows([0.141, 0.146], [0.160, 0.170]))[0] == "partly"  # 2 of 4
     nope = v3.claim4_verdict(rows([0.141, 0.155], [0.160, 0.170]))
