@@ -124,6 +124,30 @@ def pe_name(text: str) -> str:
     return text
 
 
+def task_spec(text: str) -> str:
+    """A task spec (`copy`, `copy:variant=rsc`) whose task name is known; its options are
+    checked when the task is built (training.sweep.parse_task_spec)."""
+    return _task(text.partition(":")[0], text)
+
+
+def task_name(text: str) -> str:
+    """One of the synthetic tasks (an analysis's `--task`)."""
+    from nopeinterp.options import TASKS
+
+    return _task(text, text, names=TASKS)
+
+
+def _task(name: str, spec: str, **names) -> str:
+    from nopeinterp.errors import NopeinterpError
+    from nopeinterp.training.config import check_task_name
+
+    try:
+        check_task_name(name, spec, **names)
+    except NopeinterpError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return spec
+
+
 def rope_scaling(text: str) -> dict:
     """'yarn:2' -> {"rope_type": "yarn", "factor": 2.0} (also linear, dynamic). The model
     checks the rest (a rotary layer, the other parameters) when it is loaded."""

@@ -297,12 +297,6 @@ def cmd_compare_attention(args) -> int:
     from nopeinterp.similarity import compare_attention
 
     options = _options(args)
-
-    if args.task is not None:
-        from nopeinterp.tasks import TASKS
-
-        if args.task not in TASKS:
-            raise NopeinterpError(f"unknown task {args.task!r}; choose one of {', '.join(TASKS)}")
     directory = Path(args.checkpoints)
     entries = zoo.find_checkpoints(directory) if directory.is_dir() else []
     if args.nope_hf:
@@ -421,7 +415,10 @@ def _compare_inputs(p) -> None:
     _path_flag(
         p, "--nope-prime", "second NoPE seed (default: <dir>/<task>-nope-seed1.pt if present)"
     )
-    p.add_argument("--task", default=None, help="default: the NoPE checkpoint's task, else scan")
+    p.add_argument(
+        "--task", default=None, type=_args.task_name,
+        help="default: the NoPE checkpoint's task, else scan",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -449,7 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("train", help="train one model on one task (torchrun: data parallel)")
-    p.add_argument("--task", required=True, help="copy, reverse, scan, ...[:option=value,...]")
+    p.add_argument(
+        "--task", required=True, type=_args.task_spec,
+        help="copy, reverse, scan, ...[:option=value,...]",
+    )  # fmt: skip
     p.add_argument(
         "--pe",
         required=True,
@@ -466,7 +466,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sweep", help="train a grid of tasks x PEs x seeds, resumably")
-    p.add_argument("--tasks", nargs="+", required=True, help="task specs, e.g. copy:variant=rsc")
+    p.add_argument(
+        "--tasks", nargs="+", required=True, type=_args.task_spec,
+        help="task specs, e.g. copy:variant=rsc",
+    )  # fmt: skip
     p.add_argument(
         "--pes",
         nargs="+",

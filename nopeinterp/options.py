@@ -28,6 +28,21 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 # each; MODEL_CLASSES is checked against this order there).
 PAPER_PE_TYPES = ("nope", "t5", "alibi", "rotary", "ape", "sinusoidal")
 PE_TYPES = (*PAPER_PE_TYPES, "fire", "kerple")
+# The synthetic tasks, and what `train` takes: those and language modelling on a corpus
+# (nopeinterp.tasks builds each; its registry is checked against these names there).
+TASKS = (
+    "copy",
+    "reverse",
+    "addition",
+    "summation",
+    "parity",
+    "sorting",
+    "polynomial",
+    "lego",
+    "scan",
+)
+LM_TASK = "lm"
+TRAIN_TASKS = (*TASKS, LM_TASK)
 HEAD_CHOICES = ("min", "hungarian", "same")  # how compare_attention pairs heads
 HOOKS = ("resid_post", "resid_mid", "attn_out", "mlp_out")  # what a position probe reads
 CONCEPTS = ("index", "onehot")  # what position erasure erases

@@ -219,7 +219,16 @@ def test_bad_paths_and_files_are_refused_before_the_heavy_imports(ckpts):
         ("torch,transformer_lens", ["eval", str(ckpts["copy-nope"]), "--lengths", "1-100000"]),
         ("torch,transformer_lens", ["train", "--task", "copy", "--pe", "bogus", "--out", "m.pt"]),
         ("torch,transformer_lens", ["sweep", "--tasks", "copy", "--pes", "bogus", "--out", "g"]),
-        ("transformer_lens", ["train", "--task", "bogus", "--pe", "nope", "--out", "m.pt"]),
+        ("torch,transformer_lens", ["train", "--task", "bogus", "--pe", "nope", "--out", "m.pt"]),
+        (
+            "torch,transformer_lens",
+            ["sweep", "--tasks", "copy", "bogus:n=1", "--pes", "nope", "--out", "g"],
+        ),
+        ("torch,transformer_lens", ["compare-attention", "--task", "lm", "--ref", "t5"]),
+        (
+            "transformer_lens",
+            ["train", "--task", "addition:scratchpad=xyz", "--pe", "nope", "--out", "m.pt"],
+        ),
         ("transformer_lens", ["info", str(d / "trunc.pt")]),
         ("transformer_lens", ["info", str(d / "config.pt")]),
     ]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from nopeinterp.options import LM_TASK, TASKS, TRAIN_TASKS
+
 from .arithmetic import AdditionTask, PolynomialTask, SummationTask
 from .base import Task, TaskError
 from .copy import CopyTask, ReverseTask
@@ -12,21 +14,7 @@ from .lm import LMTask
 from .scan import ScanTask
 from .tokenizer import PreTrainedTokenizerFast, build_tokenizer
 
-TASKS = (
-    "copy",
-    "reverse",
-    "addition",
-    "summation",
-    "parity",
-    "sorting",
-    "polynomial",
-    "lego",
-    "scan",
-)
-
-# What `train` takes: the synthetic tasks and language modelling on a corpus (`tasks.lm`).
-LM_TASK = "lm"
-TRAIN_TASKS = (*TASKS, LM_TASK)
+__all__ = ["LM_TASK", "TASKS", "TRAIN_TASKS", "get_task", "task_tokenizer"]
 
 _REGISTRY: dict[str, type] = {
     "copy": CopyTask,
@@ -40,6 +28,7 @@ _REGISTRY: dict[str, type] = {
     "scan": ScanTask,
     LM_TASK: LMTask,
 }
+assert tuple(_REGISTRY) == TRAIN_TASKS  # the names live in nopeinterp.options
 
 
 def get_task(name: str, **overrides) -> Task:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nopeinterp.errors import NopeinterpError
-from nopeinterp.options import PE_TYPES
+from nopeinterp.options import PE_TYPES, TRAIN_TASKS
 
 VAL_SETS = ("sampled", "eval_set")
 
@@ -32,6 +32,16 @@ def check_pe(pe: str) -> None:
     """Raise NopeinterpError unless `pe` is a positional encoding a model can be trained with."""
     if pe not in PE_TYPES:
         raise NopeinterpError(f"unknown pe {pe!r}; choose one of {', '.join(PE_TYPES)}")
+
+
+def check_task_name(name: str, spec: str | None = None, *, names=TRAIN_TASKS) -> str:
+    """`name` if it is one of `names` (default: every task `train` takes), else NopeinterpError
+    naming them (and the whole `spec` it came from). Imports no task, so a mistyped name is
+    refused before torch loads; a task's options are checked when it is built."""
+    if name not in names:
+        where = f" in {spec!r}" if spec is not None and spec != name else ""
+        raise NopeinterpError(f"unknown task {name!r}{where}; choose one of {', '.join(names)}")
+    return name
 
 
 @dataclass
@@ -110,13 +120,10 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise NopeinterpError naming the first bad value; nothing has run yet."""
         from nopeinterp.models import ARCH_TYPES
-        from nopeinterp.tasks import LM_TASK, TRAIN_TASKS
+        from nopeinterp.options import LM_TASK
         from nopeinterp.training.runtime import DEVICES, PRECISIONS
 
-        if self.task not in TRAIN_TASKS:
-            raise NopeinterpError(
-                f"unknown task {self.task!r}; choose one of {', '.join(TRAIN_TASKS)}"
-            )
+        check_task_name(self.task)
         check_pe(self.pe)
         for name in ("steps", "batch_size", "n_layers", "n_heads", "d_model", "eval_every"):
             _at_least(self, name, 1)

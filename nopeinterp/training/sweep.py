@@ -64,13 +64,10 @@ def parse_task_spec(text: str) -> tuple[str, dict]:
 
     Options go to the task's constructor (`get_task(name, **options)`); 'a-b' is a range.
     """
-    from nopeinterp.tasks import TRAIN_TASKS as TASKS
+    from nopeinterp.training.config import check_task_name
 
     name, _, rest = text.partition(":")
-    if name not in TASKS:
-        raise NopeinterpError(
-            f"unknown task {name!r} in {text!r}; choose one of {', '.join(TASKS)}"
-        )
+    check_task_name(name, text)
     options = {}
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
