@@ -617,9 +617,11 @@ def test_v3_analyse_runs_claims_2_to_4_on_the_grids_checkpoints(tmp_path, monkey
     r = {"runs": v3.grid_runs(), "verdict": None}
     rows = v3.verdicts(r, found).set_index("claim")["verdict"]
     probes = found["rsc"]["probes_per_seed"]
-    assert rows[v3.CLAIMS[2]] == "rsc (2 seeds): " + v3.theorem1_verdict(probes)[0]
-    assert v3.theorem1_verdict(probes)[0] != v3.NOT_EVALUATED
-    assert rows[v3.CLAIMS[3]] == f"rsc (2 seeds): {v3.NOT_EVALUATED}"  # no sinusoidal run here
+    import claim_rules as rules
+
+    assert rows[v3.CLAIMS[2]] == "rsc (2 seeds): " + rules.theorem1_verdict(probes)[0]
+    assert rules.theorem1_verdict(probes)[0] != rules.NOT_EVALUATED
+    assert rows[v3.CLAIMS[3]] == f"rsc (2 seeds): {rules.NOT_EVALUATED}"  # no sinusoidal run
     assert rows[v3.CLAIMS[4]] == "rsc (2 seeds): supported"  # T5 is the only explicit PE
     with pytest.raises(NopeinterpError, match="not in the protocol: cmc"):
         v3.analyse(["cmc"])
@@ -820,22 +822,22 @@ def _probe_rows(trained: dict, random_init: dict) -> pd.DataFrame:
 
 def test_theorem1_rule_compares_every_trained_seed_with_every_random_init_seed(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "analyses"))
-    import reproduction_v3 as v3
+    import claim_rules as rules
 
     init = {"ID": [0.90, 0.91, 0.93], "OOD": [0.70, 0.81, 0.75]}
     both = _probe_rows({"ID": [0.95, 0.96, 0.97], "OOD": [0.82, 0.85, 0.90]}, init)
-    verdict, evidence = v3.theorem1_verdict(both)
+    verdict, evidence = rules.theorem1_verdict(both)
     assert verdict == "supported"
     assert (
         evidence
         == "ID R² [0.950, 0.970] (random init [0.900, 0.930]); OOD R² [0.820, 0.900] (random init [0.700, 0.810])"
     )
     id_only = _probe_rows({"ID": [0.95, 0.96, 0.97], "OOD": [0.80, 0.85, 0.90]}, init)
-    assert v3.theorem1_verdict(id_only)[0] == "supported in distribution only"  # 0.80 < 0.81
+    assert rules.theorem1_verdict(id_only)[0] == "supported in distribution only"  # 0.80 < 0.81
     neither = _probe_rows({"ID": [0.92, 0.96, 0.97], "OOD": [0.82, 0.85, 0.90]}, init)
-    assert v3.theorem1_verdict(neither)[0] == "not supported"  # 0.92 < 0.93
+    assert rules.theorem1_verdict(neither)[0] == "not supported"  # 0.92 < 0.93
     no_init = both[both["model"] == "trained"]
-    assert v3.theorem1_verdict(no_init)[0] == v3.NOT_EVALUATED
+    assert rules.theorem1_verdict(no_init)[0] == rules.NOT_EVALUATED
 
 
 def _distance_rows(scores: dict) -> pd.DataFrame:
@@ -851,7 +853,7 @@ def _distance_rows(scores: dict) -> pd.DataFrame:
 
 def test_theorem2_rule_needs_nope_above_the_absolute_pe_and_not_below_t5(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "analyses"))
-    import reproduction_v3 as v3
+    import claim_rules as rules
 
     base = {"t5": [0.10, 0.14, 0.12], "alibi": [0.80, 0.90, 0.85], "rotary": [0.12, 0.13, 0.20],
             "sinusoidal": [0.02, 0.03, 0.04]}  # fmt: skip
@@ -862,19 +864,19 @@ def test_theorem2_rule_needs_nope_above_the_absolute_pe_and_not_below_t5(monkeyp
         scores.update({(pe, "OOD"): v for pe, v in ood_override.items()})
         return _distance_rows(scores)
 
-    verdict, evidence = v3.theorem2_verdict(rows([0.11, 0.15, 0.13], [0.11, 0.15, 0.13]))
+    verdict, evidence = rules.theorem2_verdict(rows([0.11, 0.15, 0.13], [0.11, 0.15, 0.13]))
     assert verdict == "shown"
     assert evidence.split(" | ")[0] == (
         "ID NoPE [0.110, 0.150]: above sinusoidal; below alibi; not separated from t5, rotary"
     )
     # T5 wholly above NoPE on OOD: the absolute PE is beaten, but not the relative bias
     partly = rows([0.11, 0.15, 0.13], [0.06, 0.08, 0.07], t5=[0.30, 0.31, 0.32])
-    assert v3.theorem2_verdict(partly)[0] == "partly"
+    assert rules.theorem2_verdict(partly)[0] == "partly"
     # NoPE not above the sinusoidal APE on either test (ranges overlap)
     none = rows([0.03, 0.05, 0.06], [0.01, 0.05, 0.06])
-    assert v3.theorem2_verdict(none)[0] == "not shown"
+    assert rules.theorem2_verdict(none)[0] == "not shown"
     no_control = _distance_rows({("nope", "ID"): [0.1], ("t5", "ID"): [0.1]})
-    assert v3.theorem2_verdict(no_control)[0] == v3.NOT_EVALUATED
+    assert rules.theorem2_verdict(no_control)[0] == rules.NOT_EVALUATED
 
 
 def _ranking_rows(jsd: dict) -> pd.DataFrame:
@@ -887,7 +889,7 @@ def _ranking_rows(jsd: dict) -> pd.DataFrame:
 
 def test_claim4_rule_counts_the_rankings_where_t5_is_the_closest_explicit_pe(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "analyses"))
-    import reproduction_v3 as v3
+    import claim_rules as rules
 
     def rows(t5_id, t5_ood, prime=(0.140, 0.145)):
         jsd = {}
@@ -897,19 +899,19 @@ def test_claim4_rule_counts_the_rankings_where_t5_is_the_closest_explicit_pe(mon
                         (test, "sinusoidal"): [0.25, 0.26]})  # fmt: skip
         return _ranking_rows(jsd)
 
-    verdict, evidence = v3.claim4_verdict(rows([0.141, 0.146], [0.120, 0.130]))
+    verdict, evidence = rules.claim4_verdict(rows([0.141, 0.146], [0.120, 0.130]))
     assert verdict == "supported"
     assert evidence == (
         "T5 the closest explicit PE in 4 of 4 cross-seed rankings; "
         "ID: T5 [0.141, 0.146], not separated from NoPE-prime ([0.140, 0.145]); "
         "OOD: T5 [0.120, 0.130], closer than NoPE-prime ([0.140, 0.145])"
     )
-    assert v3.claim4_verdict(rows([0.141, 0.146], [0.160, 0.170]))[0] == "partly"  # 2 of 4
-    nope = v3.claim4_verdict(rows([0.141, 0.155], [0.160, 0.170]))
+    assert rules.claim4_verdict(rows([0.141, 0.146], [0.160, 0.170]))[0] == "partly"  # 2 of 4
+    nope = rules.claim4_verdict(rows([0.141, 0.155], [0.160, 0.170]))
     assert nope[0] == "not supported" and "in 1 of 4" in nope[1]
     assert "further than NoPE-prime" in nope[1]
     no_t5 = _ranking_rows({("ID", "alibi"): [0.1], ("ID", "nope_prime"): [0.1]})
-    assert v3.claim4_verdict(no_t5)[0] == v3.NOT_EVALUATED
+    assert rules.claim4_verdict(no_t5)[0] == rules.NOT_EVALUATED
 
 
 def test_claim1_verdict_rule():
