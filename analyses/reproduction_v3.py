@@ -5,9 +5,9 @@
         [--splits rsc mc] [--seeds 0]                                  # a part (same runs)
     python analyses/reproduction_v3.py gpu [--workers 8] [--commit]    # on a GPU node, bf16
     python analyses/reproduction_v3.py table [--out DIR]               # tables, comparison
-    python analyses/reproduction_v3.py report                          # REPORT.md's section
+    python analyses/reproduction_v3.py report                          # REPORT.md's section, verdicts
     python analyses/reproduction_v3.py rebuild [--splits rsc mdlen]    # checkpoints made here
-    python analyses/reproduction_v3.py analyse [--splits rsc mdlen]    # claims 2-4 (rules: claim_rules.py)
+    python analyses/reproduction_v3.py analyse [--splits rsc mdlen]    # claims 2-4 (claim_rules.py)
 
 Every run: `--preset repro-t5` (the paper's T5 decoder, 4 layers, 2 heads of 64, d_model 128),
 learning rate V3_LR, trained until ID validation exact match >= 0.95 on two evaluations in a
