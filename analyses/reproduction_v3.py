@@ -428,11 +428,11 @@ def verdicts(r: dict, found: dict) -> pd.DataFrame:
         per_split = [
             (f"{split} ({int(tables['probes']['n_seeds'].min())} seeds)", *rule(tables[key]))
             for split, tables in found.items()
-        ]
+        ] + [(split, "not analysed yet", "") for split in ANALYSED if split not in found]
         rows.append((
             CLAIMS[claim],
             "; ".join(f"{split}: {verdict}" for split, verdict, _ in per_split),
-            " / ".join(f"{split}: {evidence}" for split, _, evidence in per_split),
+            " / ".join(f"{split}: {evidence}" for split, _, evidence in per_split if evidence),
         ))  # fmt: skip
     return pd.DataFrame(rows, columns=["claim", "verdict", "evidence"])
 
