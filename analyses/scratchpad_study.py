@@ -355,6 +355,95 @@ def load_records() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+STEP_SAMPLES = 20  # examples per length for the gold step count of `steps_by_length`
+
+
+def steps_by_length() -> pd.DataFrame:
+    """Where the scratchpads go wrong, from the committed records: per (task, scratchpad, pe,
+    OOD length), means over the runs (`runs`) of the share of gold steps written right
+    (`steps_right`) and of the mean index of the first wrong or missing step over the items
+    that have one (`first_wrong_step`; 0 is the first step), beside the mean number of gold
+    steps at that length (`gold_steps`, over STEP_SAMPLES examples of the task). Runs without
+    a scratchpad have no rows."""
+    import random
+
+    from nopeinterp.tasks import get_task
+    from nopeinterp.tasks.scratchpad import steps_of
+
+    rows, gold = [], {}
+    for path in sorted(RECORDS.glob("*.json")):
+        rec = json.loads(path.read_text())
+        fmt = record_format(rec)
+        for a in rec["accuracy"]:
+            if a["split"] != "OOD" or a.get("steps_right") is None:
+                continue
+            key = (rec["task"], fmt, a["length"])
+            if key not in gold:
+                task, rng = get_task(rec["task"], **rec["task_options"]), random.Random(0)
+                targets = [task.sample(a["length"], rng).target for _ in range(STEP_SAMPLES)]
+                gold[key] = sum(len(steps_of(t)) for t in targets) / STEP_SAMPLES
+            rows.append({
+                "task": rec["task"], "scratchpad": fmt, "pe": rec["pe"], "length": a["length"],
+                "seed": rec["seed"], "steps_right": a["steps_right"],
+                "first_wrong_step": a["first_wrong_step"], "gold_steps": gold[key],
+            })  # fmt: skip
+    cols = ["task", "scratchpad", "pe", "length", "runs", "steps_right", "first_wrong_step",
+            "gold_steps"]  # fmt: skip
+    if not rows:
+        return pd.DataFrame(columns=cols)
+    out = (
+        pd.DataFrame(rows)
+        .groupby(["task", "scratchpad", "pe", "length"], sort=False)
+        .agg(
+            runs=("seed", "nunique"),
+            steps_right=("steps_right", "mean"),
+            first_wrong_step=("first_wrong_step", "mean"),
+            gold_steps=("gold_steps", "first"),
+        )
+        .reset_index()
+    )
+    return out[cols]
+
+
+def steps_figure(steps: pd.DataFrame):
+    """The first wrong step's index by OOD length, one panel per (task, format), one line per
+    PE (mean over its runs); dashed: the gold scratchpad's number of steps."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from nopeinterp.viz.legend import Legend
+
+    panels = list(dict.fromkeys(zip(steps["task"], steps["scratchpad"], strict=True)))
+    fig = make_subplots(
+        rows=1, cols=max(len(panels), 1), subplot_titles=[f"{t} {f}" for t, f in panels]
+    )
+    legend = Legend(PES)
+    for col, (task, fmt) in enumerate(panels, start=1):
+        panel = steps[(steps["task"] == task) & (steps["scratchpad"] == fmt)]
+        for pe in (p for p in PES if p in set(panel["pe"])):
+            g = panel[panel["pe"] == pe]
+            fig.add_trace(
+                go.Scatter(x=g["length"], y=g["first_wrong_step"], mode="lines+markers",
+                           line={"color": legend.color(pe)}, **legend.entry(pe)),
+                row=1, col=col,
+            )  # fmt: skip
+        gold = panel.drop_duplicates("length")
+        fig.add_trace(
+            go.Scatter(x=gold["length"], y=gold["gold_steps"], mode="lines", name="gold steps",
+                       line={"color": "grey", "dash": "dash"}, legendgroup="gold",
+                       showlegend=col == 1),
+            row=1, col=col,
+        )  # fmt: skip
+        fig.update_xaxes(title_text="OOD length", row=1, col=col)
+    fig.update_yaxes(title_text="first wrong step (index)", row=1, col=1)
+    fig.update_layout(
+        title="Where the scratchpads go wrong: the first wrong step by length (dashed: steps "
+        "in the gold scratchpad)",
+        template="plotly_white", height=420, width=max(500, 330 * len(panels)),
+    )  # fmt: skip
+    return fig
+
+
 def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     order = {t: i for i, t in enumerate(TASKS)}
     g = runs.groupby(["task", "scratchpad", "pe"], sort=False)
@@ -506,6 +595,11 @@ def report() -> list[Path]:
     paths += write_table(lego, OUT, "lego_vs_paper")
     fig_paths = write_figure(figure(runs if len(runs) else _empty()), OUT, "ood_by_format")
     paths += [p for p in fig_paths if p.suffix == ".png"]  # the HTML is not committed
+    steps = steps_by_length()
+    if len(steps):
+        paths += write_table(steps, OUT, "steps_by_length", title="Where the scratchpads go wrong")
+        fig_paths = write_figure(steps_figure(steps), OUT, "steps_by_length")
+        paths += [p for p in fig_paths if p.suffix == ".png"]
     by_layer = load_regions()
     shown = query_rows(by_layer)
     region_table, region_runs, unshown = None, 0, []
@@ -516,7 +610,7 @@ def report() -> list[Path]:
         paths += write_table(region_table, OUT, "regions_last_layer")
         fig_paths = write_figure(regions_figure(shown), OUT, "regions_output")
         paths += [p for p in fig_paths if p.suffix == ".png"]
-    text = section(runs, summary, comparison, lego, region_table, region_runs, unshown)
+    text = section(runs, summary, comparison, lego, region_table, region_runs, unshown, steps)
     write_section(REPORT, text, BEGIN, END)
     return [*paths, REPORT]
 
@@ -526,7 +620,9 @@ def _empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
 
 
-def section(runs, summary, comparison, lego, region_table=None, region_runs=0, unshown=()) -> str:
+def section(
+    runs, summary, comparison, lego, region_table=None, region_runs=0, unshown=(), steps=None
+) -> str:
     total = len(grid())
     done = len(runs)
     lines = [
@@ -586,10 +682,41 @@ def section(runs, summary, comparison, lego, region_table=None, region_runs=0, u
         "Interactive figure: `analyses/results/scratchpad/ood_by_format.html` (not committed; "
         "written by the same command).",
         "",
+        *steps_lines(steps),
         *regions_lines(region_table, region_runs, unshown),
         END,
     ]
     return "\n".join(lines) + "\n"
+
+
+def steps_lines(steps) -> list[str]:
+    """The section's lines on where the scratchpads go wrong (`steps_by_length`)."""
+    if steps is None or not len(steps):
+        return []
+    shortest = steps[steps["length"] == steps.groupby("task")["length"].transform("min")]
+    spans = [
+        f"{task} `{fmt}` {g['first_wrong_step'].min():.1f}-{g['first_wrong_step'].max():.1f} "
+        f"of {g['gold_steps'].iloc[0]:.0f} steps (length {g['length'].iloc[0]})"
+        for (task, fmt), g in shortest.dropna(subset=["first_wrong_step"]).groupby(
+            ["task", "scratchpad"], sort=False
+        )
+    ]
+    text = "; ".join(spans)
+    return [
+        "## Where the scratchpads go wrong",
+        "",
+        "Per OOD length, the mean index of the first wrong or missing scratchpad step (0: the "
+        "first step), over the items that have one, beside the number of steps of the gold "
+        "scratchpad; mean over each PE's runs (`analyses/results/scratchpad/steps_by_length.md`"
+        ", which also gives the share of steps right). At the shortest OOD length, the first "
+        f"wrong step, lowest to highest PE: {text or 'no item wrong'}.",
+        "",
+        *(
+            ["![The first wrong step by length](results/scratchpad/steps_by_length.png)", ""]
+            if (OUT / "steps_by_length.png").exists()
+            else []
+        ),
+    ]
 
 
 def regions_lines(region_table, runs: int, unshown=()) -> list[str]:

@@ -63,6 +63,29 @@ def test_the_study_records_its_runs_and_regenerates_its_report_section(study):
     assert lego.loc[("nope", "icor"), "paper_ood_mean"] == paper[("none", "True")]
     assert (lego["our_runs"] == 0).all()  # no LEGO run in this tiny grid
     assert "The PEs the paper reports there: nope." in text
+    # where the scratchpads go wrong: the records' per-length step scores, over runs
+    steps = pd.read_csv(s.OUT / "steps_by_length.csv").set_index(["pe", "length"])
+    for name in records:
+        r = json.loads((s.RECORDS / name).read_text())
+        for a in r["accuracy"]:
+            row = steps.loc[(r["pe"], a["length"])]
+            assert row["runs"] == 1 and row["steps_right"] == pytest.approx(a["steps_right"])
+            if a["first_wrong_step"] == a["first_wrong_step"]:  # not NaN
+                assert row["first_wrong_step"] == pytest.approx(a["first_wrong_step"])
+    # addition's gold steps from the prompts' operands: one per digit column, one more when the
+    # last column carries; the mean over the same STEP_SAMPLES examples the study draws
+    import random
+
+    from nopeinterp.tasks import get_task
+
+    task, rng = get_task("addition", **rec["task_options"]), random.Random(0)
+    counts = []
+    for _ in range(s.STEP_SAMPLES):
+        a, b = ("".join(x.split()) for x in task.sample(3, rng).prompt[8:-2].split(" + "))
+        counts.append(max(len(a), len(b)) + (len(str(int(a) + int(b))) > max(len(a), len(b))))
+    assert set(steps["gold_steps"]) == {sum(counts) / len(counts)}
+    assert 3 < sum(counts) / len(counts) < 4  # some sums carry out of the last column
+    assert "## Where the scratchpads go wrong" in text
     # a record written before the setting counts as the padded batch
     path = s.RECORDS / records[0]
     path.write_text(json.dumps({**rec, "config": {k: v for k, v in rec["config"].items()
@@ -70,6 +93,7 @@ def test_the_study_records_its_runs_and_regenerates_its_report_section(study):
     s.report()
     text = s.REPORT.read_text()
     assert text.count(s.BEGIN) == 1 and "earlier text" in text
+    assert text.count("## Where the scratchpads go wrong") == 1
     assert "Batches: 1 run on the padded batch, 1 run in 2 length groups" in text
     runs = pd.read_csv(s.OUT / "runs.csv")
     assert sorted(runs["length_groups"]) == [1, 2]
