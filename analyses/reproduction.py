@@ -713,6 +713,14 @@ def complete_cells(grid_runs: pd.DataFrame) -> pd.DataFrame:
     return done[complete]
 
 
+def length_frame(by_length: pd.DataFrame) -> pd.DataFrame:
+    """`accuracy_by_length`'s table in the columns of nopeinterp.viz's accuracy_figure: a
+    line per PE (`model`), a panel per split (`task`), the mean over seeds (`accuracy`)."""
+    return by_length.rename(
+        columns={"pe": "model", "split": "task", "test_split": "split", "mean": "accuracy"}
+    )
+
+
 def length_tables(lr: float, out: Path) -> list[Path]:
     """The per-length test exact match (mean over seeds so far) as a table, and one figure per
     task (copy, reverse, SCAN) with a panel per split and a line per PE."""
@@ -728,9 +736,7 @@ def length_tables(lr: float, out: Path) -> list[Path]:
         notes="Mean, min and max over the seeds tested so far (n_seeds) of each run's exact match "
         "at that length; every test item scored once.",
     )  # fmt: skip
-    frame = by_length.rename(
-        columns={"pe": "model", "split": "task", "test_split": "split", "mean": "accuracy"}
-    )
+    frame = length_frame(by_length)
     for task in dict.fromkeys(PAPER_SPLITS[s].task_name for s in PAPER_SPLITS):
         splits = [s for s in PAPER_SPLITS if PAPER_SPLITS[s].task_name == task]
         rows = frame[frame["task"].isin(splits)]

@@ -540,6 +540,13 @@ def table(out: Path | None = None, root: Path | None = None) -> list[Path]:
     print("\n" + r["size"].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     paths += write_table(r["size"], out, "size", title="Model size", notes=SIZE_NOTE)
     paths += write_table(shapes(), out, "shapes", title="Model shapes", notes=SHAPES_NOTE)
+    by_length = repro.accuracy_by_length(V3_LR, repro.RECORDS / V3 if root is None else root)
+    if len(by_length):
+        paths += write_table(
+            by_length, out, "accuracy_by_length", title="Test exact match per length",
+            notes="Mean, min and max over the seeds done so far (n_seeds) of each run's exact "
+            "match at that length; every test item scored once.",
+        )  # fmt: skip
     rows = verdicts(r, mechanisms())
     print("\n" + rows.to_string(index=False))
     paths += write_table(rows, out, "verdicts", title=VERDICTS_TITLE, notes=verdicts_note(r))
@@ -669,6 +676,21 @@ def ood_figure(runs: pd.DataFrame, paper: pd.DataFrame):
     return fig
 
 
+LENGTH_FIGURE = "accuracy_by_length"  # the report's second figure, beside FIGURE
+
+
+def length_figure(by_length: pd.DataFrame):
+    """Test exact match by length, one panel per split, one line per PE (mean over the seeds
+    done so far), from `repro.accuracy_by_length` on this grid's records."""
+    from nopeinterp.viz.evaluation import accuracy_figure
+
+    frame = repro.length_frame(by_length)
+    frame = frame[frame["task"].isin(V3_SPLITS)]
+    return accuracy_figure(
+        frame, title="Exact match by test length, mean over the seeds done so far (this grid)"
+    )
+
+
 VERDICTS_BEGIN = "<!-- reproduction-v3-verdicts:begin -->"
 VERDICTS_END = "<!-- reproduction-v3-verdicts:end -->"
 VERDICTS_TITLE = "The claims by this grid's decision rules"
@@ -702,6 +724,9 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
     if (r["runs"]["status"] == "done").any():
         out = repro.RECORDS / V3
         figure_paths = write_figure(ood_figure(r["runs"], paper_runs()), out, FIGURE)
+        by_length = repro.accuracy_by_length(V3_LR, repro.RECORDS / V3 if root is None else root)
+        if len(by_length):  # records without per-length scores have nothing to draw
+            figure_paths += write_figure(length_figure(by_length), out, LENGTH_FIGURE)
     lines = [
         BEGIN,
         "## Reproduction v3: converged models at the paper's head width",
@@ -722,12 +747,14 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
     if (r["runs"]["status"] == "done").sum() == 0:
         lines += ["No run has finished yet; nothing below is a result.", END]
     else:
-        png = repro.RECORDS / V3 / f"{FIGURE}.png"
-        if png in figure_paths:
-            rel = (
-                png.relative_to(path.parent).as_posix() if png.is_relative_to(path.parent) else png
-            )
-            lines += [f"![OOD exact match per run, this grid and the paper's]({rel})", ""]
+        for name, alt in (
+            (FIGURE, "OOD exact match per run, this grid and the paper's"),
+            (LENGTH_FIGURE, "Exact match by test length, per split and PE"),
+        ):
+            png = repro.RECORDS / V3 / f"{name}.png"
+            if png in figure_paths:
+                rel = png.relative_to(path.parent) if png.is_relative_to(path.parent) else png
+                lines += [f"![{alt}]({Path(rel).as_posix()})", ""]
         lines += [
             f"Runs that reached {V3_TARGET} ID validation, per split and PE:",
             "",

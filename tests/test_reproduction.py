@@ -696,7 +696,11 @@ def _fake_v3_records(folder, ood_by_pe, val=0.97, splits=("rsc", "rdc", "mc", "m
             for seed in (0, 1, 2):
                 rec = {"lr": 1e-3, "split": split, "pe": pe, "seed": seed, "ood_accuracy": ood,
                        "val_accuracy": val if pe != "t5" else 0.9, "best_step": 900,
-                       "steps": 8000, "run_wall_s": 60.0}  # fmt: skip
+                       "steps": 8000, "run_wall_s": 60.0,
+                       "accuracy": [  # two test lengths; the second at seed / 10 below the first
+                           {"split": "OOD", "length": 30, "accuracy": ood, "evaluable": True},
+                           {"split": "OOD", "length": 31, "accuracy": ood - seed / 10,
+                            "evaluable": True}]}  # fmt: skip
                 (folder / f"{split}-{pe}-seed{seed}.json").write_text(json.dumps(rec))
 
 
@@ -719,6 +723,7 @@ def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
     names = {p.name for p in paths}
     assert {"runs.csv", "convergence.csv", "against_v2.csv", "claim1_verdict.csv"} <= names
     assert {"converging_changed.csv", "size.csv", "shapes.csv", "verdicts.csv"} <= names
+    assert "accuracy_by_length.csv" in names
     # Kendall's tau per split against the paper's order, computed here by scipy
     from scipy.stats import kendalltau
 
@@ -790,6 +795,16 @@ def test_v3_table_writes_convergence_comparison_and_the_claim1_verdict(
     want = paper_runs().query("split == @v3.V3_SPLITS[0]")["ood_accuracy"]
     assert sorted(paper.y) == sorted(want)
     assert sorted(t.name for t in fig.data if t.showlegend) == sorted({t.name for t in fig.data})
+    by_length = v3.repro.accuracy_by_length(v3.V3_LR, tmp_path / "records" / "v3")
+    lines = v3.length_figure(by_length).data
+    assert len(lines) == len(v3.V3_SPLITS) * len(PAPER_FIVE)  # a line per PE in each split's panel
+    assert list(lines[0].x) == [30, 31] and lines[0].name == PAPER_FIVE[0]
+    assert list(lines[0].y) == pytest.approx([ood[PAPER_FIVE[0]], ood[PAPER_FIVE[0]] - 0.1])
+    assert (
+        "![Exact match by test length, per split and PE](records/v3/accuracy_by_length.png)"
+        in (text)
+        or not (tmp_path / "records" / "v3" / "accuracy_by_length.png").exists()
+    )
     assert f"Claim 1 by the protocol's decision rule: {got}" in text
     for heading in ("What converging changed", "Size:", "The three shapes", "Kendall's tau-b"):
         assert heading in text
