@@ -7,7 +7,7 @@
     python analyses/reproduction_v3.py table [--out DIR]               # tables, comparison
     python analyses/reproduction_v3.py report                          # REPORT.md's section, verdicts
     python analyses/reproduction_v3.py rebuild [--splits rsc mdlen]    # checkpoints made here
-    python analyses/reproduction_v3.py analyse [--splits rsc mdlen]    # claims 2-4 (claim_rules.py)
+    python analyses/reproduction_v3.py analyse [--splits rsc mdlen]    # claims 2-4 (_claim_rules.py)
 
 Every run: `--preset repro-t5` (the paper's T5 decoder, 4 layers, 2 heads of 64, d_model 128),
 learning rate V3_LR, trained until ID validation exact match >= 0.95 on two evaluations in a
@@ -40,7 +40,7 @@ from nopeinterp.training.sweep import RECORD, run_name, run_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reproduction as repro  # noqa: E402
-from claim_rules import claim4_verdict, theorem1_verdict, theorem2_verdict  # noqa: E402
+from _claim_rules import claim4_verdict, theorem1_verdict, theorem2_verdict  # noqa: E402
 
 PRESET = "repro-t5"
 V3_SPLITS = ("rsc", "rdc", "mc", "mdlen")

@@ -617,7 +617,7 @@ def test_v3_analyse_runs_claims_2_to_4_on_the_grids_checkpoints(tmp_path, monkey
     r = {"runs": v3.grid_runs(), "verdict": None}
     rows = v3.verdicts(r, found).set_index("claim")["verdict"]
     probes = found["rsc"]["probes_per_seed"]
-    import claim_rules as rules
+    import _claim_rules as rules
 
     assert rows[v3.CLAIMS[2]] == (
         f"rsc (2 seeds): {rules.theorem1_verdict(probes)[0]}; mdlen: not analysed yet"
@@ -839,7 +839,7 @@ def _probe_rows(trained: dict, random_init: dict) -> pd.DataFrame:
 
 def test_theorem1_rule_compares_every_trained_seed_with_every_random_init_seed(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "analyses"))
-    import claim_rules as rules
+    import _claim_rules as rules
 
     init = {"ID": [0.90, 0.91, 0.93], "OOD": [0.70, 0.81, 0.75]}
     both = _probe_rows({"ID": [0.95, 0.96, 0.97], "OOD": [0.82, 0.85, 0.90]}, init)
@@ -870,7 +870,7 @@ def _distance_rows(scores: dict) -> pd.DataFrame:
 
 def test_theorem2_rule_needs_nope_above_the_absolute_pe_and_not_below_t5(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "analyses"))
-    import claim_rules as rules
+    import _claim_rules as rules
 
     base = {"t5": [0.10, 0.14, 0.12], "alibi": [0.80, 0.90, 0.85], "rotary": [0.12, 0.13, 0.20],
             "sinusoidal": [0.02, 0.03, 0.04]}  # fmt: skip
@@ -906,7 +906,7 @@ def _ranking_rows(jsd: dict) -> pd.DataFrame:
 
 def test_claim4_rule_counts_the_rankings_where_t5_is_the_closest_explicit_pe(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "analyses"))
-    import claim_rules as rules
+    import _claim_rules as rules
 
     def rows(t5_id, t5_ood, prime=(0.140, 0.145)):
         jsd = {}
