@@ -439,7 +439,8 @@ def verdicts(r: dict, found: dict) -> pd.DataFrame:
 
 def results(root: Path | None = None) -> dict:
     """Everything the tables and the report show, computed once from the committed records:
-    runs, convergence, against_v2, converging_changed, size, status; on complete (split, seed)
+    runs, convergence, against_v2, converging_changed, size, status, the per-length test exact
+    match (`by_length`, `repro.accuracy_by_length`); on complete (split, seed)
     cells also the paper comparison (`comparison`: per-split Kendall tau in its `agreement`),
     the ties-averaged MRR (`mrr_ties_averaged`), the seeds per split (`cells`) and the claim-1
     `verdict`."""
@@ -460,6 +461,7 @@ def results(root: Path | None = None) -> dict:
         "convergence": convergence(runs),
         "against_v2": against_v2(runs),
         "size": size_comparison(runs, paper),
+        "by_length": repro.accuracy_by_length(V3_LR, repro.RECORDS / V3 if root is None else root),
         "status": (
             f"{len(done)} of {len(runs)} runs done; {int(done['reached_target'].sum())} "
             f"reached {V3_TARGET} ID validation, {int(done['capped'].sum())} capped at "
@@ -540,10 +542,9 @@ def table(out: Path | None = None, root: Path | None = None) -> list[Path]:
     print("\n" + r["size"].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     paths += write_table(r["size"], out, "size", title="Model size", notes=SIZE_NOTE)
     paths += write_table(shapes(), out, "shapes", title="Model shapes", notes=SHAPES_NOTE)
-    by_length = repro.accuracy_by_length(V3_LR, repro.RECORDS / V3 if root is None else root)
-    if len(by_length):
+    if len(r["by_length"]):
         paths += write_table(
-            by_length, out, "accuracy_by_length", title="Test exact match per length",
+            r["by_length"], out, "accuracy_by_length", title="Test exact match per length",
             notes="Mean, min and max over the seeds done so far (n_seeds) of each run's exact "
             "match at that length; every test item scored once.",
         )  # fmt: skip
@@ -719,14 +720,13 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
 
     from nopeinterp.paper import paper_runs
 
-    r = results(root)
+    r, found = results(root), mechanisms()
     figure_paths = []
     if (r["runs"]["status"] == "done").any():
         out = repro.RECORDS / V3
         figure_paths = write_figure(ood_figure(r["runs"], paper_runs()), out, FIGURE)
-        by_length = repro.accuracy_by_length(V3_LR, repro.RECORDS / V3 if root is None else root)
-        if len(by_length):  # records without per-length scores have nothing to draw
-            figure_paths += write_figure(length_figure(by_length), out, LENGTH_FIGURE)
+        if len(r["by_length"]):  # records without per-length scores have nothing to draw
+            figure_paths += write_figure(length_figure(r["by_length"]), out, LENGTH_FIGURE)
     lines = [
         BEGIN,
         "## Reproduction v3: converged models at the paper's head width",
@@ -810,7 +810,7 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
                 "",
                 f"**{verdict}.**",
             ]
-        lines += ["", *mechanisms_lines(mechanisms())]
+        lines += ["", *mechanisms_lines(found)]
         lines.append(END)
     # first time: before Part 2, at the end of the reproduction's part
     write_section(path, "\n".join(lines), BEGIN, END, before="# Part 2:")
@@ -819,7 +819,7 @@ def report(root: Path | None = None, path: Path = REPORT) -> Path:
         f"**{VERDICTS_TITLE}.** {verdicts_note(r)} Written by `python "
         "analyses/reproduction_v3.py report` (the same rows: `table`, verdicts.*).",
         "",
-        to_markdown(verdicts(r, mechanisms())),
+        to_markdown(verdicts(r, found)),
         VERDICTS_END,
     ]
     # first time: at the head of Part 1's verdicts, before the first grid's

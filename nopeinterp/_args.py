@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from nopeinterp.options import MAX_TASK_LENGTH, ROPE_TYPES
+from nopeinterp.options import MAX_TASK_LENGTH, ROPE_TYPES, TASKS, TRAIN_TASKS
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -132,17 +132,16 @@ def task_spec(text: str) -> str:
 
 def task_name(text: str) -> str:
     """One of the synthetic tasks (an analysis's `--task`)."""
-    from nopeinterp.options import TASKS
-
     return _task(text, text, names=TASKS)
 
 
-def _task(name: str, spec: str, **names) -> str:
+def _task(name: str, spec: str, names=TRAIN_TASKS) -> str:
+    """`spec` if its task `name` is one of `names` (default: every task `train` takes)."""
     from nopeinterp.errors import NopeinterpError
     from nopeinterp.training.config import check_task_name
 
     try:
-        check_task_name(name, spec, **names)
+        check_task_name(name, spec, names=names)
     except NopeinterpError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return spec
