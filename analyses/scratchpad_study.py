@@ -322,10 +322,15 @@ def regions_figure(rows: pd.DataFrame):
 # --- report ---------------------------------------------------------------------------------
 
 
-def load_records() -> pd.DataFrame:
+def read_records() -> list[dict]:
+    """The committed records, in file-name order (read once per report)."""
+    return [json.loads(path.read_text()) for path in sorted(RECORDS.glob("*.json"))]
+
+
+def load_records(records: list[dict]) -> pd.DataFrame:
+    """One row per run."""
     rows = []
-    for path in sorted(RECORDS.glob("*.json")):
-        rec = json.loads(path.read_text())
+    for rec in records:
         ood = [a for a in rec["accuracy"] if a["split"] == "OOD"]
         n = sum(a["n"] for a in ood)
         history = rec.get("val_history") or []
@@ -358,8 +363,8 @@ def load_records() -> pd.DataFrame:
 STEP_SAMPLES = 20  # examples per length for the gold step count of `steps_by_length`
 
 
-def steps_by_length() -> pd.DataFrame:
-    """Where the scratchpads go wrong, from the committed records: per (task, scratchpad, pe,
+def steps_by_length(records: list[dict]) -> pd.DataFrame:
+    """Where the scratchpads go wrong, from the records: per (task, scratchpad, pe,
     OOD length), means over the runs (`runs`) of the share of gold steps written right
     (`steps_right`) and of the mean index of the first wrong or missing step over the items
     that have one (`first_wrong_step`; 0 is the first step), beside the mean number of gold
@@ -371,8 +376,7 @@ def steps_by_length() -> pd.DataFrame:
     from nopeinterp.tasks.scratchpad import steps_of
 
     rows, gold = [], {}
-    for path in sorted(RECORDS.glob("*.json")):
-        rec = json.loads(path.read_text())
+    for rec in records:
         fmt = record_format(rec)
         for a in rec["accuracy"]:
             if a["split"] != "OOD" or a.get("steps_right") is None:
@@ -581,7 +585,8 @@ def figure(runs: pd.DataFrame):
 
 def report() -> list[Path]:
     """Tables, figure and REPORT.md's section from the committed records; the paths written."""
-    runs = load_records()
+    records = read_records()
+    runs = load_records(records)
     paths = []
     if len(runs):
         paths += write_table(runs, OUT, "runs", title="Scratchpad study: one row per run")
@@ -595,7 +600,7 @@ def report() -> list[Path]:
     paths += write_table(lego, OUT, "lego_vs_paper")
     fig_paths = write_figure(figure(runs if len(runs) else _empty()), OUT, "ood_by_format")
     paths += [p for p in fig_paths if p.suffix == ".png"]  # the HTML is not committed
-    steps = steps_by_length()
+    steps = steps_by_length(records)
     if len(steps):
         paths += write_table(steps, OUT, "steps_by_length", title="Where the scratchpads go wrong")
         fig_paths = write_figure(steps_figure(steps), OUT, "steps_by_length")

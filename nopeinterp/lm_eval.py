@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from nopeinterp.errors import NopeinterpError
+from nopeinterp.errors import NopeinterpError, check_choice
 from nopeinterp.options import LM_MODES as MODES
 from nopeinterp.options import LMEvalOptions
 from nopeinterp.progress import progress as progress_bar
@@ -82,8 +82,7 @@ def token_losses(model, tokens: torch.Tensor, *, batch_rows: int | None = None) 
 def windows(n_tokens: int, length: int, mode: str = "nonoverlap", stride: int | None = None):
     """[(start, first scored position)] of the windows of `length` over a stream of `n_tokens`
     (module docstring)."""
-    if mode not in MODES:
-        raise LMEvalError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
+    check_choice(mode, MODES, "mode", error=LMEvalError)
     if mode == "nonoverlap":
         return [(s, 1) for s in range(0, n_tokens - length + 1, length)]
     if stride is None or not 1 <= stride <= length:

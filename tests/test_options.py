@@ -164,3 +164,13 @@ def test_one_layer_check():
     assert O.layer_list([2, 0, 2], 0, 2) == [0, 2]
     with pytest.raises(ValueError, match="layer 3 out of range 0..2"):
         O.layer_list([3], 0, 2)
+
+
+def test_check_choice_returns_the_value_or_names_every_choice():
+    from nopeinterp.errors import NopeinterpError, TaskError, check_choice
+
+    assert check_choice("t5", ("nope", "t5"), "pe") == "t5"
+    with pytest.raises(NopeinterpError, match=r"^unknown pe 'rope'; choose one of nope, t5$"):
+        check_choice("rope", ("nope", "t5"), "pe")
+    with pytest.raises(TaskError, match=r"^unknown task 'x' in 'x:a=1'; choose one of copy$"):
+        check_choice("x", ("copy",), "task", error=TaskError, where=" in 'x:a=1'")

@@ -42,7 +42,7 @@ def test_split_table():
         expected = ((1, 25), (26, 48)) if t.name == "scan" else ((2, 20), (21, 40))
         assert (t.id_lengths, t.ood_lengths) == expected
         assert t.bos == (s.name != "len")
-    with pytest.raises(TaskError, match="valid: cmc"):
+    with pytest.raises(TaskError, match="choose one of cmc"):
         paper_split("copy")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from nopeinterp.errors import check_choice
 from nopeinterp.models.alibi import alibi_slopes
 from nopeinterp.models.base import PEAttention, PETransformer
 from nopeinterp.models.config import ModelConfig
@@ -97,8 +98,7 @@ def build_model(
     fire -> fire_hidden=32, fire_c=1.0, fire_threshold=n_ctx, shared=True; kerple -> shared;
     nope -> logit_scale=None|"learned"|float|list, log_scale=0.0, log_floor=1.
     """
-    if pe not in MODEL_CLASSES:
-        raise ValueError(f"unknown positional encoding {pe!r}; choose one of {', '.join(PE_TYPES)}")
+    check_choice(pe, PE_TYPES, "positional encoding", error=ValueError)
     check_arch(arch)
     if arch == "t5" and act_fn != "relu":
         raise ValueError(f"arch='t5' has T5's ReLU feed-forward, got act_fn={act_fn!r}")

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nopeinterp._tl import ActivationCache, HookedRootModule, HookPoint, get_offset_position_ids
+from nopeinterp.errors import check_choice
 from nopeinterp.models.config import ModelConfig
 
 
@@ -143,11 +144,7 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.act_fn not in ACTIVATIONS:
-            raise ValueError(
-                f"unknown act_fn {cfg.act_fn!r}; choose one of {', '.join(ACTIVATIONS)}"
-            )
-        self.act = ACTIVATIONS[cfg.act_fn]
+        self.act = ACTIVATIONS[check_choice(cfg.act_fn, ACTIVATIONS, "act_fn", error=ValueError)]
         self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))
         if cfg.gated_mlp:
             self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))

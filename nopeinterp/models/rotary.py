@@ -22,6 +22,7 @@ import math
 import torch
 
 from nopeinterp._tl import HookPoint, get_offset_position_ids
+from nopeinterp.errors import check_choice
 from nopeinterp.models.base import LayerPE, PEAttention, PETransformer
 from nopeinterp.options import ROPE_TYPES
 
@@ -51,10 +52,7 @@ def check_rope_scaling(rope_scaling, base, n_ctx) -> dict | None:
         raise ValueError(f"rope_scaling must be a dict, got {type(rope_scaling).__name__}")
     params = dict(rope_scaling)
     kind = params.pop("rope_type", params.pop("type", None))
-    if kind not in ROPE_TYPES:
-        raise ValueError(
-            f"rope_scaling: rope_type must be one of {', '.join(ROPE_TYPES)}, got {kind!r}"
-        )
+    check_choice(kind, ROPE_TYPES, "rope_scaling rope_type", error=ValueError)
     theta = params.pop("rope_theta", base)
     if float(theta) != float(base):
         raise ValueError(f"rope_scaling: rope_theta {theta} differs from the model's base {base}")

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nopeinterp._tl import HookPoint
+from nopeinterp.errors import check_choice
 
 ARCH_TYPES = ("default", "t5")
 T5_EPS = 1e-6  # T5Config.layer_norm_epsilon
@@ -151,8 +152,7 @@ def t5_init(model) -> None:
 
 
 def check_arch(arch: str) -> None:
-    if arch not in ARCH_TYPES:
-        raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCH_TYPES)}")
+    check_choice(arch, ARCH_TYPES, "arch", error=ValueError)
 
 
 __all__ = ["ARCH_TYPES", "T5MLP", "TiedUnembed", "make_t5_layout", "t5_init"]

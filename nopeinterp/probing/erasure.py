@@ -46,6 +46,7 @@ import torch
 from concept_erasure import LeaceEraser, LeaceFitter
 
 from nopeinterp.data import Sequences, Splits, _random_split, as_splits, make_sequences
+from nopeinterp.errors import check_choice
 from nopeinterp.inputs import ModelInput, analysis_front, as_model, describe
 from nopeinterp.options import CONCEPTS, ErasureOptions, ProbeOptions
 from nopeinterp.probing._stream import stream
@@ -70,14 +71,12 @@ TABLE_COLUMNS = [
 
 def position_concept(positions: torch.Tensor, concept: str = "index", n_classes: int = 0):
     """The concept to erase for token positions [n]: [n, 1] index or [n, n_classes] one-hot."""
-    if concept == "index":
+    if check_choice(concept, CONCEPTS, "concept", error=ValueError) == "index":
         return positions.double()[:, None]
-    if concept == "onehot":
-        out = torch.zeros(positions.shape[0], n_classes, dtype=torch.float64)
-        ok = positions < n_classes
-        out[ok.nonzero().flatten(), positions[ok]] = 1.0
-        return out
-    raise ValueError(f"concept must be one of {CONCEPTS}, got {concept!r}")
+    out = torch.zeros(positions.shape[0], n_classes, dtype=torch.float64)  # "onehot"
+    ok = positions < n_classes
+    out[ok.nonzero().flatten(), positions[ok]] = 1.0
+    return out
 
 
 def eraser_rank(eraser: LeaceEraser) -> int:
@@ -119,8 +118,7 @@ def fit_position_erasers(
     real token's concept is its index (see `position_concept`); `n_classes` for "onehot"
     defaults to the longest row. Statistics are streamed (float64), one batch at a time.
     """
-    if concept not in CONCEPTS:
-        raise ValueError(f"concept must be one of {CONCEPTS}, got {concept!r}")
+    check_choice(concept, CONCEPTS, "concept", error=ValueError)
     s = _as_sequence_set(tokens, attention_mask)
     layer_hooks = probe_layers(model.cfg.n_layers, hook, layers)
     if n_classes is None:

@@ -49,6 +49,7 @@ import torch
 
 from nopeinterp._memory import release_free_memory
 from nopeinterp.data import Sequences, Splits
+from nopeinterp.errors import check_choice
 from nopeinterp.hooks import act_name
 from nopeinterp.inputs import ModelInput, analysis_front, describe
 from nopeinterp.options import HOOKS, ProbeOptions, layer_list
@@ -68,8 +69,7 @@ NON_FINITE = "non-finite activations (NaN or infinity): the model overflows"
 
 def probe_layers(n_layers: int, hook: str = "resid_post", layers=None) -> dict[int, str]:
     """layer -> TL hook name for `hook` (see the module docstring for the numbering)."""
-    if hook not in HOOKS:
-        raise ValueError(f"unknown hook {hook!r}; choose one of {', '.join(HOOKS)}")
+    check_choice(hook, HOOKS, "hook", error=ValueError)
     lo = 0 if hook == "resid_post" else 1
     out = {}
     for layer in layer_list(layers, lo, n_layers, f" for hook {hook!r}"):

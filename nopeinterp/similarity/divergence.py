@@ -48,6 +48,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from nopeinterp.data import make_sequences
+from nopeinterp.errors import check_choice
 from nopeinterp.hooks import act_name
 from nopeinterp.probing._stream import AttentionRows, row_blocks
 from nopeinterp.progress import progress as progress_bar
@@ -119,8 +120,7 @@ def head_pair_divergence_sum(
     keys 0..N-1 (N >= row0 + R); `valid_rows` [B, R] bool. Sums of consecutive blocks add
     up to the whole sequence's (see `mean_divergence`).
     """
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    check_choice(metric, METRICS, "metric", error=ValueError)
     if pattern_a.ndim != 4 or pattern_b.ndim != 4:
         raise ValueError("patterns must be [batch, head, query, key]")
     batch, n_a, n_q, n_k = pattern_a.shape
@@ -186,6 +186,7 @@ def reduce_heads(matrix: np.ndarray, reducer: str) -> tuple[np.ndarray, list[str
     reducer: "min", "hungarian", "same" or "paper_min" (min over `paper_head_pairs`).
     Pairs are written "a-b" (model_a head, model_b head), comma-separated when several.
     """
+    check_choice(reducer, (*HEAD_REDUCERS, "paper_min"), "head reducer", error=ValueError)
     matrix = np.asarray(matrix, dtype=np.float64)
     batch, n_a, n_b = matrix.shape
     if reducer in ("min", "paper_min"):
@@ -204,14 +205,12 @@ def reduce_heads(matrix: np.ndarray, reducer: str) -> tuple[np.ndarray, list[str
     if reducer == "same":
         diag = np.diagonal(matrix, axis1=1, axis2=2)
         return diag.mean(1), [",".join(f"{h}-{h}" for h in range(n_a))] * batch
-    if reducer == "hungarian":
-        values, heads = np.empty(batch), []
-        for e in range(batch):  # the assignment solver is per matrix; B is small
-            r, c = linear_sum_assignment(matrix[e])
-            values[e] = matrix[e][r, c].mean()
-            heads.append(",".join(f"{i}-{j}" for i, j in zip(r, c, strict=True)))
-        return values, heads
-    raise ValueError(f"unknown head reducer {reducer!r}; choose one of {', '.join(HEAD_REDUCERS)}")
+    values, heads = np.empty(batch), []  # "hungarian"
+    for e in range(batch):  # the assignment solver is per matrix; B is small
+        r, c = linear_sum_assignment(matrix[e])
+        values[e] = matrix[e][r, c].mean()
+        heads.append(",".join(f"{i}-{j}" for i, j in zip(r, c, strict=True)))
+    return values, heads
 
 
 # --- models ----------------------------------------------------------------------------------
@@ -268,8 +267,7 @@ def attention_patterns(model, tokens, attention_mask=None, layers=None) -> dict[
 
 
 def _reducer_for(heads: str, paper_compat: bool, n_a: int, n_b: int, name: str) -> str:
-    if heads not in HEAD_REDUCERS:
-        raise ValueError(f"unknown heads={heads!r}; choose one of {', '.join(HEAD_REDUCERS)}")
+    check_choice(heads, HEAD_REDUCERS, "heads", error=ValueError)
     if paper_compat:
         if heads != "min":
             raise ValueError("paper_compat=True uses the paper's own pairing; leave heads='min'")

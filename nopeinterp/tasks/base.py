@@ -43,7 +43,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nopeinterp.errors import NopeinterpError, TaskError  # noqa: F401  (TaskError: re-exported)
+from nopeinterp.errors import NopeinterpError, TaskError, check_choice  # noqa: F401  (TaskError: re-exported)
 from nopeinterp.options import MAX_TASK_LENGTH
 
 SPLITS = ("train", "val", "test")
@@ -205,12 +205,8 @@ class Task(ABC):
 
     def split_lengths(self, split: str) -> range:
         """Lengths of a split: "train"/"val" -> ID range, "test" -> OOD range (inclusive)."""
-        if split in ("train", "val"):
-            lo, hi = self.id_lengths
-        elif split == "test":
-            lo, hi = self.ood_lengths
-        else:
-            raise TaskError(f"unknown split {split!r}; expected one of {SPLITS}")
+        check_choice(split, SPLITS, "split", error=TaskError)
+        lo, hi = self.ood_lengths if split == "test" else self.id_lengths
         return range(lo, hi + 1)
 
     def _resolve_lengths(self, lengths: LengthSpec, split: str) -> list[int]:
@@ -306,8 +302,7 @@ class Task(ABC):
         own random stream, and the hash partition (module docstring) keeps train disjoint from
         val and test.
         """
-        if split not in SPLITS:
-            raise TaskError(f"unknown split {split!r}; expected one of {SPLITS}")
+        check_choice(split, SPLITS, "split", error=TaskError)
         candidates = self._resolve_lengths(lengths, split)
         if not candidates:
             raise TaskError(f"{self.name}: no examples exist for lengths {lengths}")

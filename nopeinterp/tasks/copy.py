@@ -27,6 +27,8 @@ from __future__ import annotations
 import random
 import string
 
+from nopeinterp.errors import check_choice
+
 from .base import Example, Task, TaskError
 
 SEP = "[SEP]"
@@ -69,10 +71,8 @@ class _SequenceTask(Task):
         alphabet: tuple[str, ...] | None = None,
         **kwargs,
     ) -> None:
-        if variant is not None and variant not in self.variants:
-            raise TaskError(
-                f"{self.name}: unknown variant {variant!r}; valid: {', '.join(self.variants)}"
-            )
+        if variant is not None:
+            check_choice(variant, self.variants, f"{self.name} variant", error=TaskError)
         self.variant = variant
         if alphabet is None:
             alphabet = DEFAULT_ALPHABET if variant is None else PAPER_SYMBOLS

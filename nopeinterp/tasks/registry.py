@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from nopeinterp.errors import check_choice
 from nopeinterp.options import LM_TASK, TASKS, TRAIN_TASKS
 
 from .arithmetic import AdditionTask, PolynomialTask, SummationTask
@@ -36,8 +37,7 @@ def get_task(name: str, **overrides) -> Task:
     ``ood_lengths``, ``bos`` (False: no start token), and for copy/reverse/scan ``variant``
     (the paper's splits, ``PAPER_SPLITS``) and for copy/reverse ``alphabet``; "lm" takes
     ``corpus``, ``context`` and ``vocab_size`` (an `LMTask`, not a `Task`: see `tasks.lm`)."""
-    if name not in _REGISTRY:
-        raise TaskError(f"unknown task {name!r}; valid names: {', '.join(TRAIN_TASKS)}")
+    check_choice(name, TRAIN_TASKS, "task", error=TaskError)
     try:
         return _REGISTRY[name](**overrides)
     except TypeError as err:  # an option the task does not take

@@ -24,6 +24,8 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
+from nopeinterp.errors import check_choice
+
 from .base import Example, Task, TaskError, is_held_out
 
 SEP = "[SEP]"
@@ -125,8 +127,7 @@ class ScanTask(Task):
     test_size = "all"
 
     def __init__(self, *, variant: str = "mdlen", bos: bool | None = None, **kwargs) -> None:
-        if variant not in self.variants:
-            raise TaskError(f"scan: unknown variant {variant!r}; valid: {', '.join(self.variants)}")
+        check_choice(variant, self.variants, "scan variant", error=TaskError)
         self.variant = variant
         if bos is None:
             bos = variant != "len"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nopeinterp.errors import check_choice
+
 from .base import Task, TaskError
 
 
@@ -46,6 +48,4 @@ PAPER_SPLITS: dict[str, PaperSplit] = {
 
 def paper_split(name: str) -> PaperSplit:
     """The split called ``name`` ("rsc", "mdlen", ...), or a TaskError listing the valid ones."""
-    if name not in PAPER_SPLITS:
-        raise TaskError(f"unknown paper split {name!r}; valid: {', '.join(PAPER_SPLITS)}")
-    return PAPER_SPLITS[name]
+    return PAPER_SPLITS[check_choice(name, PAPER_SPLITS, "paper split", error=TaskError)]

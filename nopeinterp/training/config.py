@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nopeinterp.errors import NopeinterpError
+from nopeinterp.errors import NopeinterpError, check_choice
 from nopeinterp.options import PE_TYPES, TRAIN_TASKS
 
 VAL_SETS = ("sampled", "eval_set")
@@ -30,18 +30,15 @@ def flag(default, help: str = "", *, nested=None, grid: bool = True, **more):
 
 def check_pe(pe: str) -> None:
     """Raise NopeinterpError unless `pe` is a positional encoding a model can be trained with."""
-    if pe not in PE_TYPES:
-        raise NopeinterpError(f"unknown pe {pe!r}; choose one of {', '.join(PE_TYPES)}")
+    check_choice(pe, PE_TYPES, "pe")
 
 
 def check_task_name(name: str, spec: str | None = None, *, names=TRAIN_TASKS) -> str:
     """`name` if it is one of `names` (default: every task `train` takes), else NopeinterpError
     naming them (and the whole `spec` it came from). Imports no task, so a mistyped name is
     refused before torch loads; a task's options are checked when it is built."""
-    if name not in names:
-        where = f" in {spec!r}" if spec is not None and spec != name else ""
-        raise NopeinterpError(f"unknown task {name!r}{where}; choose one of {', '.join(names)}")
-    return name
+    where = f" in {spec!r}" if spec is not None and spec != name else ""
+    return check_choice(name, names, "task", where=where)
 
 
 @dataclass
@@ -134,10 +131,7 @@ class TrainConfig:
                 _at_least(self, name, 1)
         if self.stop_after is not None:
             _at_least(self, "stop_after", 1)
-        if self.arch not in ARCH_TYPES:
-            raise NopeinterpError(
-                f"unknown arch {self.arch!r}; choose one of {', '.join(ARCH_TYPES)}"
-            )
+        check_choice(self.arch, ARCH_TYPES, "arch")
         if self.d_head is None and self.d_model % self.n_heads:
             raise NopeinterpError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nopeinterp.errors import NopeinterpError
+from nopeinterp.errors import check_choice
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,4 @@ def preset_values(name: str | None, task: str) -> dict:
     """The TrainConfig values of preset `name` for `task` ({} for no preset)."""
     if name is None:
         return {}
-    if name not in PRESETS:
-        raise NopeinterpError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name].for_task(task)
+    return PRESETS[check_choice(name, PRESETS, "preset")].for_task(task)

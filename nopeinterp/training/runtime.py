@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nopeinterp.errors import NopeinterpError
+from nopeinterp.errors import NopeinterpError, check_choice
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -31,8 +31,7 @@ PEAK_FLOPS = {
 
 def resolve_device(name: str) -> str:
     """'auto' -> cuda, else mps, else cpu; an explicit device must be available."""
-    if name not in DEVICES:
-        raise NopeinterpError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
+    check_choice(name, DEVICES, "device")
     cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
     if name == "auto":
         return "cuda" if cuda else "mps" if mps else "cpu"
@@ -78,10 +77,7 @@ class Runtime:
     @classmethod
     def start(cls, device: str, precision: str) -> Runtime:
         """Resolve the device; join the torchrun process group if WORLD_SIZE > 1."""
-        if precision not in PRECISIONS:
-            raise NopeinterpError(
-                f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}"
-            )
+        check_choice(precision, PRECISIONS, "precision")
         kind = resolve_device(device)
         if kind == "cuda":  # deterministic cuBLAS: set before the first CUDA call
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

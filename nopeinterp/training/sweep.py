@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from nopeinterp.errors import NopeinterpError
+from nopeinterp.errors import NopeinterpError, check_choice
 
 RECORD = "record.json"
 CHECKPOINT = "model.pt"
@@ -330,8 +330,7 @@ def run_sweep(
 
     if workers < 1 or eval_n < 1:
         raise NopeinterpError(f"workers={workers}, eval_n={eval_n}: both must be >= 1")
-    if test not in TESTS:
-        raise NopeinterpError(f"test={test!r}: must be one of {', '.join(TESTS)}")
+    check_choice(test, TESTS, "test")
     runs = grid(tasks, pes, seeds)
     i, n = shard
     runs = runs[i::n]
