@@ -675,7 +675,8 @@ def section(
         f"(`{PAPER_LEGO_SPLIT}`, its base-size decoder; the paper's scratchpad format for these "
         "runs is not in its results file). The PEs the paper reports there: "
         + (", ".join(dict.fromkeys(lego["pe"])) if len(lego) else "none")
-        + ".",
+        + ". Each answer is one sign (`+ 1` or `- 1`, equally likely at every length), so a "
+        "model that writes a well-formed answer with a random sign scores 0.5 in expectation.",
         "",
         to_markdown(lego),
         "",
