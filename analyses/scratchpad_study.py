@@ -6,12 +6,19 @@
                                                    # the grid in protocol order; rerun to resume
     python analyses/scratchpad_study.py report     # tables, figure, REPORT.md's section
     python analyses/scratchpad_study.py regions    # attention by region, finished checkpoints
+    python analyses/scratchpad_study.py retest     # test again records decoded with an
+                                                   # earlier decode bound (`run` does it first)
 
 `run` trains one run at a time (one torch thread) under runs/scratchpad/<run>/ (not committed;
 an interrupted run resumes from its training state), copies each finished run's record to
 analyses/results/scratchpad/records/<run>.json, regenerates the report and commits both
 (`--no-commit`: write only). `report` reads only the committed records: the same command gives
 the same REPORT.md section on any machine.
+
+`retest`: the records whose test was decoded with the batch's longest target as every item's
+bound (before `nopeinterp.evaluation.DECODE_BOUND`, PROTOCOL.md's "Changes after the runs
+started") are decoded again on their checkpoints, the earlier numbers kept in each record
+under `previous_test`; `run` does this before it trains.
 
 `regions` (a descriptive view added after the runs started, no verdict drawn from it): for
 each recorded run with a scratchpad whose checkpoint is on this machine, the attention mass on
@@ -183,6 +190,16 @@ def run(max_runs: int | None, commit: bool) -> None:
     from nopeinterp.training.sweep import RECORD, SweepPlan, run_name, run_one
 
     torch.set_num_threads(1)
+    for name, paths in retest_runs():
+        if commit:
+            rec = json.loads(record_path(name).read_text())
+            msg = (
+                f"scratchpad study: {name} tested again with the per-item decode bound (OOD "
+                f"exact match {rec['previous_test']['ood_accuracy']:.4f} -> "
+                f"{rec['ood_accuracy']:.4f}); report regenerated"
+            )
+            _git("add", *map(str, paths))
+            _git("commit", "-m", msg, "--", *map(str, paths))
     specs = grid()
     todo = [s for s in specs if not record_path(run_name(s)).exists()]
     print(f"{len(specs) - len(todo)} of {len(specs)} runs recorded; {len(todo)} to go", flush=True)
@@ -207,7 +224,7 @@ def run(max_runs: int | None, commit: bool) -> None:
             f"({time.time() - t0:.0f} s)",
             flush=True,
         )
-        paths = report()
+        paths = [*regions(only=name), *report()]
         if commit:
             _git("add", str(dest), *map(str, paths))
             msg = (
@@ -218,14 +235,49 @@ def run(max_runs: int | None, commit: bool) -> None:
             _git("commit", "-m", msg, "--", str(dest), *map(str, paths))
 
 
-def regions(force: bool = False) -> list[Path]:
-    """The regions view (module doc) of each recorded scratchpad run whose checkpoint is here
-    and whose file is not written yet (`force`: again); the paths written."""
+def retest_runs() -> list[tuple[str, list[Path]]]:
+    """Decode again (`nopeinterp.training.sweep.retest`) each recorded scratchpad run whose
+    test used an earlier decode bound and whose checkpoint is here, one at a time, the report
+    regenerated after each; (run, paths written) for each. Runs without a scratchpad are not
+    decoded again: an answer-only exact match does not depend on the bound (an answer longer
+    than its target is wrong at any bound)."""
+    from nopeinterp.evaluation import DECODE_BOUND
+    from nopeinterp.training.sweep import retest
+
+    done = []
+    for path in sorted(RECORDS.glob("*.json")):
+        rec = json.loads(path.read_text())
+        if record_format(rec) == "none" or rec.get("decode_bound") == DECODE_BOUND:
+            continue
+        checkpoint = RUNS / path.stem / "model.pt"
+        if not checkpoint.exists():
+            print(f"{path.stem}: no checkpoint on this machine, not tested again", flush=True)
+            continue
+        t0 = time.time()
+        print(f"[{time.strftime('%H:%M:%S')}] {path.stem}: testing again", flush=True)
+        retest(path, checkpoint)
+        rec = json.loads(path.read_text())
+        print(
+            f"[{time.strftime('%H:%M:%S')}] {path.stem}: OOD exact match "
+            f"{rec['previous_test']['ood_accuracy']:.4f} -> {rec['ood_accuracy']:.4f} "
+            f"({time.time() - t0:.0f} s)",
+            flush=True,
+        )
+        done.append((path.stem, [path, *report()]))
+    return done
+
+
+def regions(force: bool = False, only: str | None = None) -> list[Path]:
+    """The regions view (module doc) of each recorded scratchpad run (`only`: of that run)
+    whose checkpoint is here and whose file is not written yet (`force`: again); the paths
+    written."""
     from nopeinterp._io import atomic_write_text
     from nopeinterp.probing.regions import attention_regions
 
     written = []
     for path in sorted(RECORDS.glob("*.json")):
+        if only is not None and path.stem != only:
+            continue
         rec = json.loads(path.read_text())
         fmt = record_format(rec)
         if fmt == "none":
@@ -355,8 +407,51 @@ def load_records(records: list[dict]) -> pd.DataFrame:
                 "run_wall_s": rec.get("run_wall_s"),
                 # 1: the padded batch (the records written before the setting)
                 "length_groups": rec.get("config", {}).get("length_groups", 1),
+                **decode_bounds(rec),
             }
         )
+    return pd.DataFrame(rows)
+
+
+ANSWER_ONLY = "any (answer only)"  # an answer-only exact match is the same at every bound
+
+
+def decode_bounds(rec: dict) -> dict:
+    """The decode bound a record's test (`test_bound`) and validation (`val_bound`) used:
+    "per item" (`nopeinterp.evaluation.DECODE_BOUND`), "batch" (every item of a decoding batch
+    bounded by the batch's longest target: records written before the per-item bound; a run
+    tested again keeps its validation, and so its checkpoint, from training), or ANSWER_ONLY."""
+    if record_format(rec) == "none":
+        return {"test_bound": ANSWER_ONLY, "val_bound": ANSWER_ONLY}
+    tested = "per item" if rec.get("decode_bound") else "batch"
+    return {"test_bound": tested, "val_bound": "batch" if "previous_test" in rec else tested}
+
+
+def retested(records: list[dict]) -> pd.DataFrame:
+    """The runs tested again with the per-item bound: OOD exact match and OOD share of steps
+    right before (the batch bound) and after, one row per run."""
+
+    def steps(accuracy):
+        ood = [a for a in accuracy if a["split"] == "OOD"]
+        n = sum(a["n"] for a in ood)
+        return sum(a["steps_right"] * a["n"] for a in ood) / n if n else None
+
+    rows = [
+        {
+            "task": rec["task"],
+            "scratchpad": record_format(rec),
+            "pe": rec["pe"],
+            "seed": rec["seed"],
+            "ood_batch_bound": rec["previous_test"]["ood_accuracy"],
+            "ood_per_item": rec["ood_accuracy"],
+            "steps_right_batch_bound": steps(rec["previous_test"]["accuracy"]),
+            "steps_right_per_item": steps(rec["accuracy"]),
+            "test_wall_s_batch_bound": rec["previous_test"].get("test_wall_s"),
+            "test_wall_s_per_item": rec.get("test_wall_s"),
+        }  # fmt: skip
+        for rec in records
+        if "previous_test" in rec
+    ]
     return pd.DataFrame(rows)
 
 
@@ -615,7 +710,12 @@ def report() -> list[Path]:
         paths += write_table(region_table, OUT, "regions_last_layer")
         fig_paths = write_figure(regions_figure(shown), OUT, "regions_output")
         paths += [p for p in fig_paths if p.suffix == ".png"]
-    text = section(runs, summary, comparison, lego, region_table, region_runs, unshown, steps)
+    again = retested(records)
+    if len(again):
+        paths += write_table(again, OUT, "retested", title="Runs tested again (decode bound)")
+    text = section(
+        runs, summary, comparison, lego, region_table, region_runs, unshown, steps, again
+    )
     write_section(REPORT, text, BEGIN, END)
     return [*paths, REPORT]
 
@@ -626,7 +726,15 @@ def _empty() -> pd.DataFrame:
 
 
 def section(
-    runs, summary, comparison, lego, region_table=None, region_runs=0, unshown=(), steps=None
+    runs,
+    summary,
+    comparison,
+    lego,
+    region_table=None,
+    region_runs=0,
+    unshown=(),
+    steps=None,
+    again=None,
 ) -> str:
     total = len(grid())
     done = len(runs)
@@ -662,6 +770,7 @@ def section(
                 'PROTOCOL.md, scratchpad study, "Changes after the runs started"',
             ),
             "",
+            *bound_lines(runs, again),
         ]
     lines += [
         "Addition, full format (`icovr`), like for like with the paper's per-run numbers (its "
@@ -693,6 +802,45 @@ def section(
         END,
     ]
     return "\n".join(lines) + "\n"
+
+
+def bound_lines(runs: pd.DataFrame, again) -> list[str]:
+    """The section's lines on the decode bound each run's test used (`decode_bounds`), with
+    the runs tested again (`retested`) before and after."""
+    from nopeinterp.evaluation import SCRATCHPAD_BOUND_FACTOR
+
+    counts = runs["test_bound"].value_counts()
+    said = {
+        "per item": "tested with each item decoded to its own bound",
+        "batch": "**not yet tested again**, each item bounded by the longest target of its "
+        "decoding batch (`python analyses/scratchpad_study.py retest`, on a machine that has "
+        "their checkpoints)",
+        ANSWER_ONLY: "without a scratchpad (an answer-only exact match is the same at any bound)",
+    }
+    parts = [f"{counts[k]} {said[k]}" for k in said if k in counts]
+    lines = [
+        "Decoding bound: each item decodes up to its own gold target + 1 tokens, "
+        f"{SCRATCHPAD_BOUND_FACTOR} x its target + 1 with a scratchpad (the answer is read "
+        "after the closing marker, so a scratchpad longer than the gold one can still end in "
+        "the right answer; the paper's scratchpad runs decode up to 1,500 tokens). The study's first "
+        "runs bounded every item of a decoding batch by the batch's longest target, which made "
+        "an item's score depend on the items batched with it (PROTOCOL.md, scratchpad study, "
+        '"Changes after the runs started"). Runs: ' + "; ".join(parts) + ".",
+        "",
+    ]
+    if again is not None and len(again):
+        val = int((runs["val_bound"] == "batch").sum())
+        lines += [
+            f"The {len(again)} runs tested again on their checkpoints: OOD exact match and OOD "
+            "share of steps right under the batch bound (as first recorded) and per item. "
+            f"Their checkpoints stay the ones training selected: {val} runs' validation (and so "
+            "the `val_exact_match` above) used the batch bound "
+            "(`analyses/results/scratchpad/retested.md`).",
+            "",
+            to_markdown(again.drop(columns=["test_wall_s_batch_bound", "test_wall_s_per_item"])),
+            "",
+        ]
+    return lines
 
 
 def steps_lines(steps) -> list[str]:
@@ -778,6 +926,7 @@ def main() -> None:
     sub.add_parser("report", help="tables, figure and REPORT.md's section from the records")
     s = sub.add_parser("regions", help="attention by region on the finished runs' checkpoints")
     s.add_argument("--force", action="store_true", help="again for runs already written")
+    sub.add_parser("retest", help="test again the runs decoded with an earlier decode bound")
     args = p.parse_args()
     if args.command == "pilot":
         pilot(args.steps)
@@ -785,6 +934,8 @@ def main() -> None:
         run(args.max_runs, commit=not args.no_commit)
     elif args.command == "regions":
         regions(args.force)
+    elif args.command == "retest":
+        retest_runs()
     else:
         for path in report():
             print(path.relative_to(ROOT))

@@ -5,8 +5,8 @@
 tokenizer, decoded by nopeinterp.evaluation.greedy_decode in batches of 64 sorted by prompt
 length (as exact_match does). Both paths produce the same tokens (checked here); the time
 is the median of repeats. Tokens/s counts generated tokens (decode steps x batch rows;
-max_new_tokens = longest target + 1, so a random model that never says <eos> decodes the
-full budget).
+each row is bounded by its own target + 1 tokens, so a random model that never says <eos>
+decodes until the batch's longest row reaches its bound).
 
 This figure has no target of its own; the row's target (cache >= no cache) is a sanity
 check that the cache pays for itself at these lengths.

@@ -49,21 +49,54 @@ def max_sequence_length(tokenizer, examples: Sequence[Example]) -> int:
     return int(encode_examples(tokenizer, examples).attention_mask.sum(1).max())
 
 
+# Each item's decode bound comes from its own gold target, never from the items batched with
+# it, so an item's score does not depend on its batch. An answer longer than its target cannot
+# be an exact match, so the target + 1 tokens (for <eos>) suffice; a scratchpad answer is read
+# after the closing marker, so a scratchpad longer than the gold one can still end in the right
+# answer: those items get SCRATCHPAD_BOUND_FACTOR times their target (the paper's scratchpad
+# runs decode up to 1,500 tokens).
+SCRATCHPAD_BOUND_FACTOR = 2
+# what a record says of the bound its test decoded with (records without it: the batch's
+# longest target + 1, for every item of the batch)
+DECODE_BOUND = f"per item: target + 1 tokens; x{SCRATCHPAD_BOUND_FACTOR} with a scratchpad"
+
+
+def bound_factor(task) -> int:
+    """How many times its target an item of `task` (None: a task without a scratchpad) may
+    decode (see SCRATCHPAD_BOUND_FACTOR)."""
+    return SCRATCHPAD_BOUND_FACTOR if getattr(task, "scratchpad", "") else 1
+
+
+def decode_bounds(tokenizer, examples: Sequence[Example], factor: int = 1) -> torch.Tensor:
+    """Each example's decode bound in tokens: `factor` x its target's tokens, + 1 for <eos>."""
+    return torch.tensor(
+        [
+            factor * len(tokenizer(e.target, add_special_tokens=False)["input_ids"]) + 1
+            for e in examples
+        ]
+    )
+
+
 @torch.inference_mode()
 def greedy_decode(
-    model, tokenizer, examples: Sequence[Example], *, max_new_tokens=None, use_cache=True
+    model,
+    tokenizer,
+    examples: Sequence[Example],
+    *,
+    max_new_tokens=None,
+    factor: int = 1,
+    use_cache=True,
 ) -> list[str]:
     """Greedy continuations of the examples' prompts, cut at <eos>.
 
-    `max_new_tokens` defaults to the longest target + 1 (for <eos>): a longer answer cannot
-    be an exact match. `use_cache=False` re-runs the whole sequence at every step (slow; it
-    is the reference the KV-cache path is tested against).
+    `max_new_tokens` defaults to each example's own bound (`decode_bounds` with `factor`:
+    `bound_factor(task)`), so a row's answer never depends on the rows batched with it; an
+    int bounds every row alike. `use_cache=False` re-runs the whole sequence at every step
+    (slow; it is the reference the KV-cache path is tested against).
     """
     prompts = encode_examples(tokenizer, examples, with_target=False)
     if max_new_tokens is None:
-        max_new_tokens = 1 + max(
-            len(tokenizer(e.target, add_special_tokens=False)["input_ids"]) for e in examples
-        )
+        max_new_tokens = decode_bounds(tokenizer, examples, factor)
     tokens, mask = _left_pad(prompts, tokenizer.pad_token_id)
     out = greedy_ids(
         model, tokens, mask, max_new_tokens, tokenizer.eos_token_id, use_cache=use_cache
@@ -72,26 +105,32 @@ def greedy_decode(
 
 
 @torch.inference_mode()
-def greedy_ids(model, tokens, mask, max_new_tokens: int, eos: int | None, *, use_cache=True):
+def greedy_ids(model, tokens, mask, max_new_tokens, eos: int | None, *, use_cache=True):
     """Greedy continuation ids [B, <= max_new_tokens] (on the CPU) of left-padded prompts
-    `tokens` with `mask` (1 on real tokens); a row that produced `eos` continues with `eos`,
+    `tokens` with `mask` (1 on real tokens); `max_new_tokens`: an int, or one bound per row (a
+    tensor; needs `eos`). A row that produced `eos` or reached its bound continues with `eos`,
     and decoding stops once every row has (never, for `eos` None)."""
     from nopeinterp._tl import init_kv_cache
 
     device = model.cfg.device
     tokens, mask = tokens.to(device), mask.to(device)
     batch = len(tokens)
+    limits = torch.as_tensor(max_new_tokens, device=device).expand(batch)
+    if eos is None and bool((limits != limits.max()).any()):
+        raise ValueError("bounds that differ between rows need an <eos> token to pad with")
+    longest = int(limits.max())
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     generated = []
     cache = init_kv_cache(model, batch) if use_cache else None
     logits = model(tokens, attention_mask=mask, past_kv_cache=cache)
-    for _ in range(max_new_tokens):
+    for _ in range(longest):
         next_token = logits[:, -1].argmax(-1)
         if eos is not None:
             next_token = torch.where(done, torch.full_like(next_token, eos), next_token)
             done |= next_token == eos
         generated.append(next_token)
-        if done.all() or len(generated) == max_new_tokens:
+        done |= limits <= len(generated)  # at its bound: <eos> from here on
+        if done.all() or len(generated) == longest:
             break
         if use_cache:
             logits = model(
@@ -106,22 +145,29 @@ def greedy_ids(model, tokens, mask, max_new_tokens: int, eos: int | None, *, use
     return torch.stack(generated, 1).cpu()
 
 
-def greedy_answers(model, tokenizer, examples, *, batch_size=64, use_cache=True) -> list[str]:
-    """Greedy answers in the examples' order; batches sorted by prompt length (less padding)."""
+def greedy_answers(
+    model, tokenizer, examples, *, task=None, batch_size=64, use_cache=True
+) -> list[str]:
+    """Greedy answers in the examples' order; batches sorted by prompt length (less padding).
+    Each example decodes to its own bound (`decode_bounds`), `bound_factor(task)` times its
+    target."""
+    factor = bound_factor(task)
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].prompt.split()))
     answers = [""] * len(examples)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         chunk = [examples[i] for i in idx]
-        decoded = greedy_decode(model, tokenizer, chunk, use_cache=use_cache)
+        decoded = greedy_decode(model, tokenizer, chunk, factor=factor, use_cache=use_cache)
         for i, answer in zip(idx, decoded, strict=True):
             answers[i] = answer
     return answers
 
 
 def exact_match(model, tokenizer, task, examples, *, batch_size=64, use_cache=True) -> list[bool]:
-    """Per-example exact match of greedy answers."""
-    answers = greedy_answers(model, tokenizer, examples, batch_size=batch_size, use_cache=use_cache)
+    """Per-example exact match of greedy answers (each decoded to its own bound)."""
+    answers = greedy_answers(
+        model, tokenizer, examples, task=task, batch_size=batch_size, use_cache=use_cache
+    )
     return [task.is_correct(ex, a) for ex, a in zip(examples, answers, strict=True)]
 
 
@@ -296,8 +342,9 @@ def run_evaluate(mi: ModelInput, task, tokenizer, opts: EvalOptions) -> EvalResu
             rows.append({**row, "correct": 0, "accuracy": math.nan, "evaluable": False})
             continue
         answers = greedy_answers(
-            mi.model, tokenizer, examples, batch_size=opts.batch_size, use_cache=opts.use_cache
-        )
+            mi.model, tokenizer, examples, task=task, batch_size=opts.batch_size,
+            use_cache=opts.use_cache,
+        )  # fmt: skip
         kinds = [error_kind(task, ex, a) for ex, a in zip(examples, answers, strict=True)]
         correct = kinds.count("correct")
         row = {**row, "correct": correct, "accuracy": correct / len(kinds), "evaluable": True}

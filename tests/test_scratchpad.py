@@ -395,3 +395,73 @@ def test_paper_scratchpad_runs_read_the_official_file():
         flags = [p[-1] == "1" for p in r["scratchpad"].split("_")]
         assert row.scratchpad == "".join(c for c, on in zip("icovr", flags, strict=True) if on)
         assert row.task == r["dataset"].removeprefix("s2s_")
+
+
+# --- the decode bound: each item's own, whatever it is batched with ---------------------------
+def _never_stopping_model(tok, seed=0):
+    """A small untrained model that never writes <eos> (its logit pushed down), so every row
+    decodes to its bound."""
+    import torch
+
+    from nopeinterp import build_model
+
+    model = build_model(
+        "nope", n_layers=1, n_heads=2, d_model=32, d_vocab=len(tok), n_ctx=1024, tokenizer=tok,
+        seed=seed,
+    )  # fmt: skip
+    with torch.no_grad():
+        model.unembed.b_U[tok.eos_token_id] = -1e4
+    return model
+
+
+@pytest.mark.parametrize("scratchpad,factor", [("icovr", 2), ("none", 1)])
+def test_each_item_decodes_to_its_own_bound_in_any_batch(scratchpad, factor):
+    """An item's answer is the same alone and batched with longer items: each row stops at its
+    own target's bound (x2 with a scratchpad: a longer scratchpad can still end in the right
+    answer), never at the longest target of its batch."""
+    from nopeinterp.evaluation import bound_factor, greedy_answers
+
+    task = get_task("addition", scratchpad=scratchpad)
+    assert bound_factor(task) == factor
+    tok = task_tokenizer(task)
+    model = _never_stopping_model(tok)
+    short = task.generate(3, lengths=1, seed=0, split="val")
+    long = task.generate(3, lengths=6, seed=0, split="val")
+    batched = greedy_answers(model, tok, [*short, *long], task=task)
+    alone = [greedy_answers(model, tok, [e], task=task)[0] for e in short]
+    assert batched[:3] == alone
+    for example, answer in zip([*short, *long], batched, strict=True):
+        assert len(answer.split()) == factor * len(example.target.split()) + 1
+
+
+def test_bounds_that_differ_between_rows_need_an_eos():
+    import torch
+
+    from nopeinterp.evaluation import greedy_ids
+
+    tok = task_tokenizer(get_task("addition"))
+    model = _never_stopping_model(tok)
+    tokens, mask = torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="need an <eos>"):
+        greedy_ids(model, tokens, mask, torch.tensor([2, 5]), None)
+    assert greedy_ids(model, tokens, mask, torch.tensor([2, 5]), tok.eos_token_id).shape == (2, 5)
+    assert greedy_ids(model, tokens, mask, 4, None).shape == (2, 4)
+
+
+def test_an_answer_only_exact_match_is_the_same_at_any_longer_bound():
+    """Why answer-only records need no second test: with a shipped checkpoint (copy, NoPE) the
+    per-item bound and one bound of 3x the longest target give the same exact match per item."""
+    from pathlib import Path
+
+    from nopeinterp import load_checkpoint
+    from nopeinterp.evaluation import greedy_answers, greedy_decode
+
+    ckpt = load_checkpoint(Path(__file__).parents[1] / "checkpoints" / "copy-nope.pt")
+    task = get_task("copy")
+    examples = [*task.generate(8, lengths=5, seed=0), *task.generate(8, lengths=30, seed=0)]
+    per_item = greedy_answers(ckpt.model, ckpt.tokenizer, examples, task=task)
+    longest = 3 * max(len(e.target.split()) for e in examples)
+    loose = greedy_decode(ckpt.model, ckpt.tokenizer, examples, max_new_tokens=longest)
+    right = [task.is_correct(e, a) for e, a in zip(examples, per_item, strict=True)]
+    assert right == [task.is_correct(e, a) for e, a in zip(examples, loose, strict=True)]
+    assert 0 < sum(right) < len(right)  # some right, some wrong: the comparison can differ

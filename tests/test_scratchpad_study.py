@@ -104,8 +104,13 @@ def test_the_study_records_its_runs_and_regenerates_its_report_section(study):
 def test_the_regions_view_reads_each_finished_checkpoint_once(study, capsys):
     s = study
     s.run(max_runs=None, commit=False)
-    assert "No run analysed yet" in s.REPORT.read_text()
     first, second = sorted(s.RECORDS.glob("*.json"))
+    # `run` writes each finished run's file; removed here, `regions` writes them again
+    assert sorted(p.stem for p in s.REGIONS_OUT.glob("*.csv")) == [first.stem, second.stem]
+    for path in s.REGIONS_OUT.glob("*.csv"):
+        path.unlink()
+    s.report()
+    assert "No run analysed yet" in s.REPORT.read_text()
     (s.RUNS / second.stem / "model.pt").unlink()  # trained on another machine
     written = s.regions()
     assert [p.name for p in written] == [f"{first.stem}.csv"]
@@ -132,3 +137,31 @@ def test_formats_without_the_queried_component_are_named_not_dropped_silently(st
     text = "\n".join(study.regions_lines(table, 2, ["ivr"]))
     assert "of 2 finished runs" in text and "Formats without the output component (`ivr`)" in text
     assert "Formats without" not in "\n".join(study.regions_lines(table, 2))
+
+
+def test_records_decoded_with_the_batch_bound_are_tested_again_once(study, capsys):
+    s = study
+    s.run(max_runs=None, commit=False)
+    first, second = sorted(s.RECORDS.glob("*.json"))
+    text = s.REPORT.read_text()
+    assert "Runs: 2 tested with each item decoded to its own bound." in text
+    # records as written before the per-item bound: no `decode_bound`; marked numbers
+    for path in (first, second):
+        rec = json.loads(path.read_text())
+        del rec["decode_bound"]
+        path.write_text(json.dumps({**rec, "ood_accuracy": -1.0}))
+    (s.RUNS / second.stem / "model.pt").unlink()  # trained on another machine
+    again = s.retest_runs()
+    assert [name for name, _ in again] == [first.stem]
+    assert "not tested again" in capsys.readouterr().out
+    rec = json.loads(first.read_text())
+    assert rec["previous_test"]["ood_accuracy"] == -1.0 and 0 <= rec["ood_accuracy"] <= 1
+    assert s.retest_runs() == []  # once
+    runs = pd.read_csv(s.OUT / "runs.csv").set_index("pe")
+    assert runs["test_bound"].to_dict() == {"nope": "per item", "t5": "batch"}
+    assert runs["val_bound"].to_dict() == {"nope": "batch", "t5": "batch"}
+    text = s.REPORT.read_text()
+    assert "1 tested with each item decoded to its own bound; 1 **not yet tested again**" in text
+    table = pd.read_csv(s.OUT / "retested.csv")
+    assert list(table["pe"]) == ["nope"] and table["ood_batch_bound"].item() == -1.0
+    assert table["ood_per_item"].item() == rec["ood_accuracy"]

@@ -11,6 +11,7 @@ import torch
 
 from nopeinterp import load_checkpoint
 from nopeinterp.cli import main
+from nopeinterp.errors import NopeinterpError
 from nopeinterp.training import make_config, train
 from nopeinterp.training.sweep import (
     NONDETERMINISTIC,
@@ -220,3 +221,30 @@ def test_cli_sweep_and_collect(tmp_path, capsys):
     assert main([*args[:-2], "--shard", "2/2", "--out", str(out)]) == 2
     assert "bad shard" in capsys.readouterr().err
     assert main(["collect", str(tmp_path / "none")]) == 2
+
+
+def test_retest_decodes_a_record_again_with_todays_bound_and_keeps_the_earlier_test(tmp_path):
+    from nopeinterp.evaluation import DECODE_BOUND
+    from nopeinterp.training.sweep import retest
+
+    only = {**GRID, "tasks": GRID["tasks"][:1], "pes": ["nope"]}
+    run_sweep(**only, out=tmp_path, overrides=STEPS, test="eval_set")
+    (folder,) = [p.parent for p in tmp_path.rglob("record.json")]
+    path, ckpt = folder / "record.json", folder / "model.pt"
+    record = json.loads(path.read_text())
+    assert record["decode_bound"] == DECODE_BOUND
+    assert not retest(path, ckpt)  # today's bound already: nothing decoded
+    # a record from before the per-item bound: decoded again, the earlier test kept beside it
+    old = {k: v for k, v in record.items() if k != "decode_bound"}
+    old["ood_accuracy"] = -1.0  # marks the earlier numbers
+    path.write_text(json.dumps(old))
+    assert retest(path, ckpt)
+    new = json.loads(path.read_text())
+    assert new["decode_bound"] == DECODE_BOUND and new["previous_test"]["ood_accuracy"] == -1.0
+    assert "decode_bound" not in new["previous_test"]
+    # an answer-only task: its exact match does not depend on the bound
+    assert new["accuracy"] == record["accuracy"]
+    assert new["ood_accuracy"] == record["ood_accuracy"]
+    with pytest.raises(NopeinterpError, match="no checkpoint"):
+        path.write_text(json.dumps(old))
+        retest(path, tmp_path / "gone.pt")

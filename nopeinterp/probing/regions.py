@@ -142,7 +142,7 @@ def run_attention_regions(mi: ModelInput, task, tokenizer, opts: RegionOptions) 
     rows, dropped = [], {}
     for split, examples in by_split.items():
         if tokens == "generated":
-            answers = greedy_answers(net, tokenizer, examples, batch_size=batch_size)
+            answers = greedy_answers(net, tokenizer, examples, task=task, batch_size=batch_size)
         else:
             answers = [ex.target for ex in examples]
         s, region, firsts, n_out = _sequences(task, tokenizer, examples, answers, split, limit)

@@ -242,7 +242,7 @@ def _test_fields(ckpt: Path, n: int | None, task: str, options: dict) -> dict:
     items (`ood_accuracy`, correct / items, and `test_items`). `n=None`: the task's test set
     (`Task.eval_set("test")`) only; an int: `n` sampled examples per ID and OOD length."""
     from nopeinterp.checkpoint import load_checkpoint
-    from nopeinterp.evaluation import evaluate
+    from nopeinterp.evaluation import DECODE_BOUND, evaluate
 
     t0 = time.time()
     checkpoint = load_checkpoint(ckpt)
@@ -268,6 +268,7 @@ def _test_fields(ckpt: Path, n: int | None, task: str, options: dict) -> dict:
         "ood_accuracy": sum(r["correct"] for r in ood) / items if items else None,
         "test_items": items,
         "test_wall_s": round(time.time() - t0, 1),
+        "decode_bound": DECODE_BOUND,
     }
 
 
@@ -295,6 +296,29 @@ def _add_test(record_path: Path, ckpt: Path) -> bool:
         raise NopeinterpError(f"{record_path}: no test set decoded and no checkpoint {ckpt}")
     fields = _test_fields(ckpt, None, record["task"], record["config"]["task_options"])
     record.update(fields, test="eval_set", eval_n=None)
+    _write_json(record_path, record)
+    return True
+
+
+TEST_FIELDS = ("accuracy", "ood_accuracy", "test_items", "test_wall_s", "decode_bound")
+
+
+def retest(record_path: Path, ckpt: Path) -> bool:
+    """Decode a record's test set again with today's decode bound (`evaluation.DECODE_BOUND`),
+    when the record's test used another; the earlier test's fields stay in the record under
+    `previous_test`. False when the record's bound is today's already."""
+    from nopeinterp.evaluation import DECODE_BOUND
+
+    record = json.loads(record_path.read_text())
+    if record.get("decode_bound") == DECODE_BOUND:
+        return False
+    if record.get("test") != "eval_set" or record.get("eval_n") is not None:
+        raise NopeinterpError(f"{record_path}: only a record of the task's test set is retested")
+    if not ckpt.exists():
+        raise NopeinterpError(f"{record_path}: no checkpoint {ckpt} to test again")
+    previous = {k: record[k] for k in TEST_FIELDS if k in record}
+    fields = _test_fields(ckpt, None, record["task"], record["config"]["task_options"])
+    record.update(fields, previous_test=previous)
     _write_json(record_path, record)
     return True
 
