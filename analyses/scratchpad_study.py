@@ -8,6 +8,8 @@
     python analyses/scratchpad_study.py regions    # attention by region, finished checkpoints
     python analyses/scratchpad_study.py retest     # test again records decoded with an
                                                    # earlier decode bound (`run` does it first)
+    python analyses/scratchpad_study.py id-steps   # step scores at ID lengths, finished
+                                                   # checkpoints (`run`: after each run)
 
 `run` trains one run at a time (one torch thread) under runs/scratchpad/<run>/ (not committed;
 an interrupted run resumes from its training state), copies each finished run's record to
@@ -24,7 +26,10 @@ under `previous_test`; `run` does this before it trains.
 each recorded run with a scratchpad whose checkpoint is on this machine, the attention mass on
 each region of the sequence (prompt, scratchpad components, markers, answer) while the model
 reads the gold targets, into analyses/results/scratchpad/regions/<run>.csv (one file per run,
-so runs trained on different machines add up); `report` then shows them.
+so runs trained on different machines add up); `report` then shows them. `id-steps` (the
+same kind of view): exact match and step scores at each ID length on the validation items,
+decoded as the test is, into analyses/results/scratchpad/id_steps/<run>.csv. `run` writes both
+views of each run it finishes.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ RUNS = ROOT / "runs" / "scratchpad"
 OUT = RESULTS / "scratchpad"
 RECORDS = OUT / "records"
 REGIONS_OUT = OUT / "regions"
+ID_STEPS_OUT = OUT / "id_steps"  # the in-distribution view: step scores at ID lengths
 # the regions view: examples per length (every ID and OOD length), on the gold targets
 # teacher-forced (the same text for every PE, so differences are the models', not what each
 # generated: most OOD generations here are wrong)
@@ -200,6 +206,12 @@ def run(max_runs: int | None, commit: bool) -> None:
             )
             _git("add", *map(str, paths))
             _git("commit", "-m", msg, "--", *map(str, paths))
+    views = [*regions(), *id_steps()]  # of the finished runs that lack them
+    if views and commit:
+        paths = [*views, *report()]
+        _git("add", *map(str, paths))
+        msg = f"scratchpad study: descriptive views of finished runs ({len(views)} files)"
+        _git("commit", "-m", msg, "--", *map(str, paths))
     specs = grid()
     todo = [s for s in specs if not record_path(run_name(s)).exists()]
     print(f"{len(specs) - len(todo)} of {len(specs)} runs recorded; {len(todo)} to go", flush=True)
@@ -224,7 +236,7 @@ def run(max_runs: int | None, commit: bool) -> None:
             f"({time.time() - t0:.0f} s)",
             flush=True,
         )
-        paths = [*regions(only=name), *report()]
+        paths = [*regions(only=name), *id_steps(only=name), *report()]
         if commit:
             _git("add", str(dest), *map(str, paths))
             msg = (
@@ -458,23 +470,62 @@ def retested(records: list[dict]) -> pd.DataFrame:
 STEP_SAMPLES = 20  # examples per length for the gold step count of `steps_by_length`
 
 
-def steps_by_length(records: list[dict]) -> pd.DataFrame:
-    """Where the scratchpads go wrong, from the records: per (task, scratchpad, pe,
-    OOD length), means over the runs (`runs`) of the share of gold steps written right
-    (`steps_right`) and of the mean index of the first wrong or missing step over the items
-    that have one (`first_wrong_step`; 0 is the first step), beside the mean number of gold
-    steps at that length (`gold_steps`, over STEP_SAMPLES examples of the task). Runs without
-    a scratchpad have no rows."""
+def id_steps(force: bool = False, only: str | None = None) -> list[Path]:
+    """The in-distribution view (module doc) of each recorded scratchpad run (`only`: of that
+    run) whose checkpoint is here and whose file is not written yet (`force`: again): exact
+    match and step scores per ID length on the validation items, decoded as the test is; the
+    paths written."""
+    from nopeinterp._io import atomic_write_text
+    from nopeinterp.evaluation import evaluate
+    from nopeinterp.tasks import get_task
+
+    written = []
+    for path in sorted(RECORDS.glob("*.json")):
+        if only is not None and path.stem != only:
+            continue
+        rec = json.loads(path.read_text())
+        out = ID_STEPS_OUT / f"{path.stem}.csv"
+        checkpoint = RUNS / path.stem / "model.pt"
+        if record_format(rec) == "none" or (out.exists() and not force):
+            continue
+        if not checkpoint.exists():
+            print(f"{path.stem}: no checkpoint on this machine, skipped", flush=True)
+            continue
+        lo, hi = get_task(rec["task"], **rec["task_options"]).id_lengths
+        table = evaluate(checkpoint, n=None, lengths=range(lo, hi + 1), progress=False).table
+        table = table.drop(columns="model").assign(run=path.stem, seed=rec["seed"])
+        written.append(atomic_write_text(out, table.to_csv(index=False)))
+        print(f"{path.stem}: {out.name} written", flush=True)
+    return written
+
+
+def load_id_steps() -> dict[str, pd.DataFrame]:
+    """Every run's in-distribution file (`id_steps`), by run name."""
+    return {f.stem: pd.read_csv(f) for f in sorted(ID_STEPS_OUT.glob("*.csv"))}
+
+
+def steps_by_length(records: list[dict], id_tables: dict | None = None) -> pd.DataFrame:
+    """Where the scratchpads go wrong: per (task, scratchpad, pe, split, length), means over
+    the runs (`runs`) of answer exact match (`exact_match`), of the share of gold steps
+    written right (`steps_right`) and of the mean index of the first wrong or missing step
+    over the items that have one (`first_wrong_step`; 0 is the first step), beside the mean
+    number of gold steps at that length (`gold_steps`, over STEP_SAMPLES examples of the
+    task). OOD lengths from the records' tests; ID lengths from `id_tables` (`load_id_steps`),
+    for the runs that have one. Runs without a scratchpad have no rows."""
     import random
 
     from nopeinterp.tasks import get_task
     from nopeinterp.tasks.scratchpad import steps_of
 
+    id_tables = id_tables or {}
     rows, gold = [], {}
     for rec in records:
         fmt = record_format(rec)
-        for a in rec["accuracy"]:
-            if a["split"] != "OOD" or a.get("steps_right") is None:
+        scored = [a for a in rec["accuracy"] if a["split"] == "OOD"]
+        if rec["run"] in id_tables:
+            scored += id_tables[rec["run"]].to_dict("records")
+        for a in scored:
+            if fmt == "none" or a.get("steps_right") is None:
                 continue
             key = (rec["task"], fmt, a["length"])
             if key not in gold:
@@ -482,31 +533,42 @@ def steps_by_length(records: list[dict]) -> pd.DataFrame:
                 targets = [task.sample(a["length"], rng).target for _ in range(STEP_SAMPLES)]
                 gold[key] = sum(len(steps_of(t)) for t in targets) / STEP_SAMPLES
             rows.append({
-                "task": rec["task"], "scratchpad": fmt, "pe": rec["pe"], "length": a["length"],
-                "seed": rec["seed"], "steps_right": a["steps_right"],
-                "first_wrong_step": a["first_wrong_step"], "gold_steps": gold[key],
+                "task": rec["task"], "scratchpad": fmt, "pe": rec["pe"], "split": a["split"],
+                "length": a["length"], "seed": rec["seed"], "exact_match": a["accuracy"],
+                "steps_right": a["steps_right"], "first_wrong_step": a["first_wrong_step"],
+                "gold_steps": gold[key],
             })  # fmt: skip
-    cols = ["task", "scratchpad", "pe", "length", "runs", "steps_right", "first_wrong_step",
-            "gold_steps"]  # fmt: skip
+    keys = ["task", "scratchpad", "pe", "split", "length"]
+    cols = [*keys, "runs", "exact_match", "steps_right", "first_wrong_step", "gold_steps"]
     if not rows:
         return pd.DataFrame(columns=cols)
     out = (
         pd.DataFrame(rows)
-        .groupby(["task", "scratchpad", "pe", "length"], sort=False)
+        .groupby(keys, sort=False)
         .agg(
             runs=("seed", "nunique"),
+            exact_match=("exact_match", "mean"),
             steps_right=("steps_right", "mean"),
             first_wrong_step=("first_wrong_step", "mean"),
             gold_steps=("gold_steps", "first"),
         )
         .reset_index()
     )
-    return out[cols]
+    out["_p"] = pe_rank(out["pe"])
+    out = out.sort_values(["task", "scratchpad", "_p", "length"], kind="stable")
+    return out[cols].reset_index(drop=True)
+
+
+STEP_PLOTS = (  # (column, y-axis title): the rows of the steps figure
+    ("steps_right", "share of steps right"),
+    ("first_wrong_step", "first wrong step (index)"),
+)
 
 
 def steps_figure(steps: pd.DataFrame):
-    """The first wrong step's index by OOD length, one panel per (task, format), one line per
-    PE (mean over its runs); dashed: the gold scratchpad's number of steps."""
+    """By length (ID and OOD), the share of steps right (top) and the first wrong step's index
+    (bottom), one column per (task, format), one line per PE (mean over its runs); dashed: the
+    gold scratchpad's number of steps; dotted: where OOD begins."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -514,31 +576,36 @@ def steps_figure(steps: pd.DataFrame):
 
     panels = list(dict.fromkeys(zip(steps["task"], steps["scratchpad"], strict=True)))
     fig = make_subplots(
-        rows=1, cols=max(len(panels), 1), subplot_titles=[f"{t} {f}" for t, f in panels]
-    )
+        rows=len(STEP_PLOTS), cols=max(len(panels), 1), shared_xaxes=True,
+        subplot_titles=[f"{t} {f}" for t, f in panels] + [""] * len(panels),
+        vertical_spacing=0.08,
+    )  # fmt: skip
     legend = Legend(PES)
     for col, (task, fmt) in enumerate(panels, start=1):
         panel = steps[(steps["task"] == task) & (steps["scratchpad"] == fmt)]
-        for pe in (p for p in PES if p in set(panel["pe"])):
-            g = panel[panel["pe"] == pe]
-            fig.add_trace(
-                go.Scatter(x=g["length"], y=g["first_wrong_step"], mode="lines+markers",
-                           line={"color": legend.color(pe)}, **legend.entry(pe)),
-                row=1, col=col,
-            )  # fmt: skip
-        gold = panel.drop_duplicates("length")
-        fig.add_trace(
-            go.Scatter(x=gold["length"], y=gold["gold_steps"], mode="lines", name="gold steps",
-                       line={"color": "grey", "dash": "dash"}, legendgroup="gold",
-                       showlegend=col == 1),
-            row=1, col=col,
-        )  # fmt: skip
-        fig.update_xaxes(title_text="OOD length", row=1, col=col)
-    fig.update_yaxes(title_text="first wrong step (index)", row=1, col=1)
+        for row, (column, title) in enumerate(STEP_PLOTS, start=1):
+            for pe in (p for p in PES if p in set(panel["pe"])):
+                g = panel[panel["pe"] == pe]
+                fig.add_trace(legend.line(pe, g["length"], g[column]), row=row, col=col)
+            if column == "first_wrong_step":
+                gold = panel.drop_duplicates("length")
+                fig.add_trace(
+                    go.Scatter(x=gold["length"], y=gold["gold_steps"], mode="lines",
+                               name="gold steps", line={"color": "grey", "dash": "dash"},
+                               legendgroup="gold", showlegend=col == 1),
+                    row=row, col=col,
+                )  # fmt: skip
+            ood = panel.loc[panel["split"] == "OOD", "length"]
+            if len(ood) and (panel["split"] == "ID").any():
+                fig.add_vline(
+                    x=ood.min() - 0.5, line={"color": "grey", "dash": "dot"}, row=row, col=col
+                )
+            fig.update_yaxes(title_text=title if col == 1 else None, row=row, col=col)
+        fig.update_xaxes(title_text="length (ID | OOD)", row=len(STEP_PLOTS), col=col)
     fig.update_layout(
-        title="Where the scratchpads go wrong: the first wrong step by length (dashed: steps "
-        "in the gold scratchpad)",
-        template="plotly_white", height=420, width=max(500, 330 * len(panels)),
+        title="Where the scratchpads go wrong, by length (dashed: steps in the gold "
+        "scratchpad; dotted: where OOD begins)",
+        template="plotly_white", height=720, width=max(500, 330 * len(panels)),
     )  # fmt: skip
     return fig
 
@@ -695,7 +762,7 @@ def report() -> list[Path]:
     paths += write_table(lego, OUT, "lego_vs_paper")
     fig_paths = write_figure(figure(runs if len(runs) else _empty()), OUT, "ood_by_format")
     paths += [p for p in fig_paths if p.suffix == ".png"]  # the HTML is not committed
-    steps = steps_by_length(records)
+    steps = steps_by_length(records, load_id_steps())
     if len(steps):
         paths += write_table(steps, OUT, "steps_by_length", title="Where the scratchpads go wrong")
         fig_paths = write_figure(steps_figure(steps), OUT, "steps_by_length")
@@ -843,11 +910,26 @@ def bound_lines(runs: pd.DataFrame, again) -> list[str]:
     return lines
 
 
+def steps_overview(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (task, format, PE), of `steps_by_length`: answer exact match and share of steps
+    right, means over the ID lengths (runs with the in-distribution view: `id_runs`) and
+    over the OOD lengths (`ood_runs`)."""
+    keys = ["task", "scratchpad", "pe"]
+    out = steps[keys].drop_duplicates().reset_index(drop=True)
+    for split in ("ID", "OOD"):
+        part = steps[steps["split"] == split].groupby(keys, sort=False)
+        means = part[["exact_match", "steps_right"]].mean().add_prefix(f"{split.lower()}_")
+        runs = part["runs"].min().rename(f"{split.lower()}_runs")
+        out = out.merge(pd.concat([runs, means], axis=1).reset_index(), on=keys, how="left")
+    return out.round(4)
+
+
 def steps_lines(steps) -> list[str]:
     """The section's lines on where the scratchpads go wrong (`steps_by_length`)."""
     if steps is None or not len(steps):
         return []
-    shortest = steps[steps["length"] == steps.groupby("task")["length"].transform("min")]
+    ood = steps[steps["split"] == "OOD"]
+    shortest = ood[ood["length"] == ood.groupby("task")["length"].transform("min")]
     spans = [
         f"{task} `{fmt}` {g['first_wrong_step'].min():.1f}-{g['first_wrong_step'].max():.1f} "
         f"of {g['gold_steps'].iloc[0]:.0f} steps (length {g['length'].iloc[0]})"
@@ -856,17 +938,30 @@ def steps_lines(steps) -> list[str]:
         )
     ]
     text = "; ".join(spans)
+    overview = steps_overview(steps)
+    with_id = int(overview["id_runs"].notna().sum())
     return [
         "## Where the scratchpads go wrong",
         "",
-        "Per OOD length, the mean index of the first wrong or missing scratchpad step (0: the "
-        "first step), over the items that have one, beside the number of steps of the gold "
-        "scratchpad; mean over each PE's runs (`analyses/results/scratchpad/steps_by_length.md`"
-        ", which also gives the share of steps right). At the shortest OOD length, the first "
-        f"wrong step, lowest to highest PE: {text or 'no item wrong'}.",
+        "Per length, the share of gold scratchpad steps written right (at their index) and the "
+        "mean index of the first wrong or missing step (0: the first step), over the items that "
+        "have one, beside the number of steps of the gold scratchpad; mean over each PE's runs "
+        "(`analyses/results/scratchpad/steps_by_length.md`). OOD lengths: the records' tests. "
+        "ID lengths: a descriptive view added after the runs started (no verdict rests on it), "
+        "`python analyses/scratchpad_study.py id-steps` on the finished checkpoints: the "
+        "validation items (those training selected its checkpoint on, by answer exact match), "
+        "decoded as the test is. It tells a scratchpad the model never learned from one that "
+        "fails only past the training lengths. At the shortest OOD length, the first wrong "
+        f"step, lowest to highest PE: {text or 'no item wrong'}.",
+        "",
+        f"In distribution and out, means over the lengths ({with_id} of {len(overview)} "
+        "(task, format, PE) cells have runs with the ID view; `id_runs`, `ood_runs`: runs "
+        "averaged):",
+        "",
+        to_markdown(overview),
         "",
         *(
-            ["![The first wrong step by length](results/scratchpad/steps_by_length.png)", ""]
+            ["![Where the scratchpads go wrong](results/scratchpad/steps_by_length.png)", ""]
             if (OUT / "steps_by_length.png").exists()
             else []
         ),
@@ -927,6 +1022,8 @@ def main() -> None:
     s = sub.add_parser("regions", help="attention by region on the finished runs' checkpoints")
     s.add_argument("--force", action="store_true", help="again for runs already written")
     sub.add_parser("retest", help="test again the runs decoded with an earlier decode bound")
+    s = sub.add_parser("id-steps", help="exact match and step scores at ID lengths, finished runs")
+    s.add_argument("--force", action="store_true", help="again for runs already written")
     args = p.parse_args()
     if args.command == "pilot":
         pilot(args.steps)
@@ -936,6 +1033,8 @@ def main() -> None:
         regions(args.force)
     elif args.command == "retest":
         retest_runs()
+    elif args.command == "id-steps":
+        id_steps(args.force)
     else:
         for path in report():
             print(path.relative_to(ROOT))

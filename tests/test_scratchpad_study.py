@@ -25,8 +25,13 @@ def study(tmp_path, monkeypatch):
     for name, value in (("RUNS", tmp_path / "runs"), ("OUT", tmp_path / "out"),
                         ("RECORDS", tmp_path / "out" / "records"),
                         ("REGIONS_OUT", tmp_path / "out" / "regions"),
+                        ("ID_STEPS_OUT", tmp_path / "out" / "id_steps"),
                         ("REPORT", tmp_path / "REPORT.md")):  # fmt: skip
         monkeypatch.setattr(s, name, value)
+    # every folder the driver writes is redirected here, none left pointing into the repository
+    left = [n for n, v in vars(s).items() if isinstance(v, Path) and n not in ("ROOT", "RESULTS")
+            and v.is_relative_to(ROOT)]  # fmt: skip
+    assert not left, f"patch these paths too: {left}"
     s.REPORT.write_text("# Report\n\nearlier text\n")
     yield s
     sys.modules.pop("scratchpad_study", None)
@@ -64,7 +69,19 @@ def test_the_study_records_its_runs_and_regenerates_its_report_section(study):
     assert (lego["our_runs"] == 0).all()  # no LEGO run in this tiny grid
     assert "The PEs the paper reports there: nope." in text
     # where the scratchpads go wrong: the records' per-length step scores, over runs
-    steps = pd.read_csv(s.OUT / "steps_by_length.csv").set_index(["pe", "length"])
+    steps = pd.read_csv(s.OUT / "steps_by_length.csv")
+    # ID lengths from each run's in-distribution file (written by `run`), OOD from the records
+    pairs = set(zip(steps["split"], steps["length"], strict=True))
+    assert sorted(pairs) == [("ID", 1), ("ID", 2), ("OOD", 3)]
+    for name in records:
+        view = pd.read_csv(s.ID_STEPS_OUT / name.replace(".json", ".csv"))
+        assert list(view["length"]) == [1, 2] and set(view["split"]) == {"ID"}
+        rec_pe = json.loads((s.RECORDS / name).read_text())["pe"]
+        got = steps[(steps["pe"] == rec_pe) & (steps["split"] == "ID")].set_index("length")
+        assert list(got["steps_right"]) == pytest.approx(list(view["steps_right"]))
+        assert list(got["exact_match"]) == pytest.approx(list(view["accuracy"]))
+    assert "In distribution and out" in s.REPORT.read_text()
+    steps = steps[steps["split"] == "OOD"].set_index(["pe", "length"])
     for name in records:
         r = json.loads((s.RECORDS / name).read_text())
         for a in r["accuracy"]:
