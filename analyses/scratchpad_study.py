@@ -196,16 +196,7 @@ def run(max_runs: int | None, commit: bool) -> None:
     from nopeinterp.training.sweep import RECORD, SweepPlan, run_name, run_one
 
     torch.set_num_threads(1)
-    for name, paths in retest_runs():
-        if commit:
-            rec = json.loads(record_path(name).read_text())
-            msg = (
-                f"scratchpad study: {name} tested again with the per-item decode bound (OOD "
-                f"exact match {rec['previous_test']['ood_accuracy']:.4f} -> "
-                f"{rec['ood_accuracy']:.4f}); report regenerated"
-            )
-            _git("add", *map(str, paths))
-            _git("commit", "-m", msg, "--", *map(str, paths))
+    retest_runs(commit)
     views = [*regions(), *id_steps()]  # of the finished runs that lack them
     if views and commit:
         paths = [*views, *report()]
@@ -247,35 +238,56 @@ def run(max_runs: int | None, commit: bool) -> None:
             _git("commit", "-m", msg, "--", str(dest), *map(str, paths))
 
 
-def retest_runs() -> list[tuple[str, list[Path]]]:
-    """Decode again (`nopeinterp.training.sweep.retest`) each recorded scratchpad run whose
-    test used an earlier decode bound and whose checkpoint is here, one at a time, the report
-    regenerated after each; (run, paths written) for each. Runs without a scratchpad are not
-    decoded again: an answer-only exact match does not depend on the bound (an answer longer
-    than its target is wrong at any bound)."""
-    from nopeinterp.evaluation import DECODE_BOUND
-    from nopeinterp.training.sweep import retest
-
-    done = []
+def scratchpad_runs_here(only: str | None = None, skip=None, missing: str = "skipped"):
+    """(record path, record, checkpoint) of each recorded scratchpad run (`only`: that run)
+    that `skip(path, record)` does not leave out and whose checkpoint is on this machine; a
+    run whose checkpoint is not here is named, with `missing`."""
     for path in sorted(RECORDS.glob("*.json")):
+        if only is not None and path.stem != only:
+            continue
         rec = json.loads(path.read_text())
-        if record_format(rec) == "none" or rec.get("decode_bound") == DECODE_BOUND:
+        if record_format(rec) == "none" or (skip is not None and skip(path, rec)):
             continue
         checkpoint = RUNS / path.stem / "model.pt"
         if not checkpoint.exists():
-            print(f"{path.stem}: no checkpoint on this machine, not tested again", flush=True)
+            print(f"{path.stem}: no checkpoint on this machine, {missing}", flush=True)
             continue
+        yield path, rec, checkpoint
+
+
+def retest_runs(commit: bool = False) -> list[str]:
+    """Decode again (`nopeinterp.training.sweep.retest`) each recorded scratchpad run whose
+    test used an earlier decode bound and whose checkpoint is here, one at a time, the report
+    regenerated (and with `commit`, both committed) after each; the runs tested again. Runs
+    without a scratchpad are not decoded again: an answer-only exact match does not depend on
+    the bound (an answer longer than its target is wrong at any bound)."""
+    from nopeinterp.evaluation import DECODE_BOUND
+    from nopeinterp.training.sweep import retest
+
+    def current(path, rec):
+        return rec.get("decode_bound") == DECODE_BOUND
+
+    done = []
+    for path, _, checkpoint in scratchpad_runs_here(skip=current, missing="not tested again"):
         t0 = time.time()
         print(f"[{time.strftime('%H:%M:%S')}] {path.stem}: testing again", flush=True)
         retest(path, checkpoint)
         rec = json.loads(path.read_text())
+        change = f"{rec['previous_test']['ood_accuracy']:.4f} -> {rec['ood_accuracy']:.4f}"
         print(
-            f"[{time.strftime('%H:%M:%S')}] {path.stem}: OOD exact match "
-            f"{rec['previous_test']['ood_accuracy']:.4f} -> {rec['ood_accuracy']:.4f} "
+            f"[{time.strftime('%H:%M:%S')}] {path.stem}: OOD exact match {change} "
             f"({time.time() - t0:.0f} s)",
             flush=True,
         )
-        done.append((path.stem, [path, *report()]))
+        paths = [path, *report()]
+        if commit:
+            _git("add", *map(str, paths))
+            msg = (
+                f"scratchpad study: {path.stem} tested again with the per-item decode bound "
+                f"(OOD exact match {change}); report regenerated"
+            )
+            _git("commit", "-m", msg, "--", *map(str, paths))
+        done.append(path.stem)
     return done
 
 
@@ -286,23 +298,16 @@ def regions(force: bool = False, only: str | None = None) -> list[Path]:
     from nopeinterp._io import atomic_write_text
     from nopeinterp.probing.regions import attention_regions
 
+    def written_already(path, rec):
+        return (REGIONS_OUT / f"{path.stem}.csv").exists() and not force
+
     written = []
-    for path in sorted(RECORDS.glob("*.json")):
-        if only is not None and path.stem != only:
-            continue
-        rec = json.loads(path.read_text())
-        fmt = record_format(rec)
-        if fmt == "none":
-            continue
+    for path, rec, checkpoint in scratchpad_runs_here(only, skip=written_already):
         out = REGIONS_OUT / f"{path.stem}.csv"
-        checkpoint = RUNS / path.stem / "model.pt"
-        if out.exists() and not force:
-            continue
-        if not checkpoint.exists():
-            print(f"{path.stem}: no checkpoint on this machine, skipped", flush=True)
-            continue
         result = attention_regions(checkpoint, n=REGION_N, tokens=REGION_TOKENS, name=path.stem)
-        table = result.by_layer.assign(task=rec["task"], scratchpad=fmt, seed=rec["seed"])
+        table = result.by_layer.assign(
+            task=rec["task"], scratchpad=record_format(rec), seed=rec["seed"]
+        )
         written.append(atomic_write_text(out, table.to_csv(index=False)))
         print(f"{path.stem}: {out.name} written", flush=True)
     return written
@@ -479,18 +484,12 @@ def id_steps(force: bool = False, only: str | None = None) -> list[Path]:
     from nopeinterp.evaluation import evaluate
     from nopeinterp.tasks import get_task
 
+    def written_already(path, rec):
+        return (ID_STEPS_OUT / f"{path.stem}.csv").exists() and not force
+
     written = []
-    for path in sorted(RECORDS.glob("*.json")):
-        if only is not None and path.stem != only:
-            continue
-        rec = json.loads(path.read_text())
+    for path, rec, checkpoint in scratchpad_runs_here(only, skip=written_already):
         out = ID_STEPS_OUT / f"{path.stem}.csv"
-        checkpoint = RUNS / path.stem / "model.pt"
-        if record_format(rec) == "none" or (out.exists() and not force):
-            continue
-        if not checkpoint.exists():
-            print(f"{path.stem}: no checkpoint on this machine, skipped", flush=True)
-            continue
         lo, hi = get_task(rec["task"], **rec["task_options"]).id_lengths
         table = evaluate(checkpoint, n=None, lengths=range(lo, hi + 1), progress=False).table
         table = table.drop(columns="model").assign(run=path.stem, seed=rec["seed"])
