@@ -396,18 +396,21 @@ def read_records() -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted(RECORDS.glob("*.json"))]
 
 
+def ood_steps_right(accuracy: list[dict]) -> float | None:
+    """The share of scratchpad steps right over a record's OOD items (None without step
+    scores)."""
+    ood = [a for a in accuracy if a["split"] == "OOD"]
+    n = sum(a["n"] for a in ood)
+    if not n or any(a.get("steps_right") is None for a in ood):
+        return None
+    return sum(a["steps_right"] * a["n"] for a in ood) / n
+
+
 def load_records(records: list[dict]) -> pd.DataFrame:
     """One row per run."""
     rows = []
     for rec in records:
-        ood = [a for a in rec["accuracy"] if a["split"] == "OOD"]
-        n = sum(a["n"] for a in ood)
         history = rec.get("val_history") or []
-        steps_right = (
-            sum(a["steps_right"] * a["n"] for a in ood) / n
-            if n and all(a.get("steps_right") is not None for a in ood)
-            else None
-        )
         rows.append(
             {
                 "task": rec["task"],
@@ -415,7 +418,7 @@ def load_records(records: list[dict]) -> pd.DataFrame:
                 "pe": rec["pe"],
                 "seed": rec["seed"],
                 "ood_accuracy": rec["ood_accuracy"],
-                "ood_steps_right": steps_right,
+                "ood_steps_right": ood_steps_right(rec["accuracy"]),
                 "val_accuracy": rec["val_accuracy"],
                 "reached_val": rec["val_accuracy"] >= STOP_AT_VAL,
                 "best_step": rec["best_step"],
@@ -424,7 +427,7 @@ def load_records(records: list[dict]) -> pd.DataFrame:
                 "run_wall_s": rec.get("run_wall_s"),
                 # 1: the padded batch (the records written before the setting)
                 "length_groups": rec.get("config", {}).get("length_groups", 1),
-                **decode_bounds(rec),
+                **bounds_used(rec),
             }
         )
     return pd.DataFrame(rows)
@@ -433,7 +436,7 @@ def load_records(records: list[dict]) -> pd.DataFrame:
 ANSWER_ONLY = "any (answer only)"  # an answer-only exact match is the same at every bound
 
 
-def decode_bounds(rec: dict) -> dict:
+def bounds_used(rec: dict) -> dict:
     """The decode bound a record's test (`test_bound`) and validation (`val_bound`) used:
     "per item" (`nopeinterp.evaluation.DECODE_BOUND`), "batch" (every item of a decoding batch
     bounded by the batch's longest target: records written before the per-item bound; a run
@@ -447,12 +450,6 @@ def decode_bounds(rec: dict) -> dict:
 def retested(records: list[dict]) -> pd.DataFrame:
     """The runs tested again with the per-item bound: OOD exact match and OOD share of steps
     right before (the batch bound) and after, one row per run."""
-
-    def steps(accuracy):
-        ood = [a for a in accuracy if a["split"] == "OOD"]
-        n = sum(a["n"] for a in ood)
-        return sum(a["steps_right"] * a["n"] for a in ood) / n if n else None
-
     rows = [
         {
             "task": rec["task"],
@@ -461,8 +458,8 @@ def retested(records: list[dict]) -> pd.DataFrame:
             "seed": rec["seed"],
             "ood_batch_bound": rec["previous_test"]["ood_accuracy"],
             "ood_per_item": rec["ood_accuracy"],
-            "steps_right_batch_bound": steps(rec["previous_test"]["accuracy"]),
-            "steps_right_per_item": steps(rec["accuracy"]),
+            "steps_right_batch_bound": ood_steps_right(rec["previous_test"]["accuracy"]),
+            "steps_right_per_item": ood_steps_right(rec["accuracy"]),
             "test_wall_s_batch_bound": rec["previous_test"].get("test_wall_s"),
             "test_wall_s_per_item": rec.get("test_wall_s"),
         }  # fmt: skip
@@ -520,11 +517,13 @@ def steps_by_length(records: list[dict], id_tables: dict | None = None) -> pd.Da
     rows, gold = [], {}
     for rec in records:
         fmt = record_format(rec)
+        if fmt == "none":
+            continue
         scored = [a for a in rec["accuracy"] if a["split"] == "OOD"]
         if rec["run"] in id_tables:
             scored += id_tables[rec["run"]].to_dict("records")
         for a in scored:
-            if fmt == "none" or a.get("steps_right") is None:
+            if a.get("steps_right") is None:
                 continue
             key = (rec["task"], fmt, a["length"])
             if key not in gold:
@@ -871,7 +870,7 @@ def section(
 
 
 def bound_lines(runs: pd.DataFrame, again) -> list[str]:
-    """The section's lines on the decode bound each run's test used (`decode_bounds`), with
+    """The section's lines on the decode bound each run's test used (`bounds_used`), with
     the runs tested again (`retested`) before and after."""
     from nopeinterp.evaluation import SCRATCHPAD_BOUND_FACTOR
 

@@ -67,7 +67,7 @@ def bound_factor(task) -> int:
     return SCRATCHPAD_BOUND_FACTOR if getattr(task, "scratchpad", "") else 1
 
 
-def decode_bounds(tokenizer, examples: Sequence[Example], factor: int = 1) -> torch.Tensor:
+def decode_bounds(tokenizer, examples: Sequence[Example], factor: int) -> torch.Tensor:
     """Each example's decode bound in tokens: `factor` x its target's tokens, + 1 for <eos>."""
     return torch.tensor(
         [

@@ -300,9 +300,6 @@ def _add_test(record_path: Path, ckpt: Path) -> bool:
     return True
 
 
-TEST_FIELDS = ("accuracy", "ood_accuracy", "test_items", "test_wall_s", "decode_bound")
-
-
 def retest(record_path: Path, ckpt: Path) -> bool:
     """Decode a record's test set again with today's decode bound (`evaluation.DECODE_BOUND`),
     when the record's test used another; the earlier test's fields stay in the record under
@@ -316,8 +313,8 @@ def retest(record_path: Path, ckpt: Path) -> bool:
         raise NopeinterpError(f"{record_path}: only a record of the task's test set is retested")
     if not ckpt.exists():
         raise NopeinterpError(f"{record_path}: no checkpoint {ckpt} to test again")
-    previous = {k: record[k] for k in TEST_FIELDS if k in record}
     fields = _test_fields(ckpt, None, record["task"], record["config"]["task_options"])
+    previous = {k: record[k] for k in fields if k in record}  # what this test replaces
     record.update(fields, previous_test=previous)
     _write_json(record_path, record)
     return True
